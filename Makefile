@@ -57,7 +57,7 @@ test: setup venv-new
 	PATH=$(CURDIR)/$(VENV_NEW)/bin:$$PATH $(VENV_NEW)/bin/python -m pytest -m "not lab_only_once" $(PYTEST_ARGS)
 
 lint: venv
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-config validate
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-config validate -t all
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-lint playbooks roles
 
 clean: lab-down
