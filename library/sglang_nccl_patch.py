@@ -10,11 +10,11 @@ DOCUMENTATION = r"""
 module: sglang_nccl_patch
 short_description: Make environment variables reach every SGLang TP worker by patching _set_envs_and_config()
 description:
-  - SGLang's C(_set_envs_and_config()) writes environment variables itself (for example
+  - SGLang's C(_set_envs_and_config) writes environment variables itself (for example
     C(CUDA_DEVICE_MAX_CONNECTIONS) always, C(NCCL_CUMEM_ENABLE) and C(NCCL_NVLS_ENABLE) always up to 0.5.4),
     overwriting values exported before the launch; TP workers are spawned afterwards and inherit the result.
   - This module inserts one managed block of C(os.environ[NAME] = VALUE) lines into that function, just
-    before the statement C(mp.set_start_method("spawn", force=True)). That statement occurs exactly once in
+    before its statement C(mp.set_start_method) with arguments V("spawn") and V(force=True). That statement occurs exactly once in
     the function in every release from 0.3.6 to 0.5.23 and no environment write follows it, so the block's
     values are the ones the workers see.
   - The file is C(sglang/srt/entrypoints/engine.py) from 0.4.1.post7 and C(sglang/srt/server.py) up to
@@ -42,7 +42,7 @@ options:
   python:
     description:
       - Interpreter whose sglang to patch, usually the SGLang virtualenv's python (inventory C(sglang_python)).
-      - The module runs C(<python> -c ...) with C(importlib.util.find_spec("sglang")) (no import of sglang)
+      - The module runs the interpreter with C(-c) and a short script that calls C(importlib.util.find_spec) for V(sglang) (no import of sglang)
         to find the package and reads the release from C(sglang/_version.py), C(sglang/version.py) or the
         C(dist-info) METADATA.
     type: path
