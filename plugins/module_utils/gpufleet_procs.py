@@ -1,0 +1,163 @@
+# -*- coding: utf-8 -*-
+# gpufleet: process discovery shared by nvidia_gpu_info, nvidia_gpu_wait, sglang_stop and sglang_verify.
+"""Find processes that hold NVIDIA device files, and describe processes.
+
+Why an fd scan: NVML's ``nvmlDeviceGetComputeRunningProcesses`` and ``nvidia-smi --query-compute-apps``
+list nothing (or host pids) inside a container without the host PID namespace, so they cannot be the only
+source. Every CUDA process keeps ``/dev/nvidia<N>`` (and ``/dev/nvidiactl``, ``/dev/nvidia-uvm``) open, so
+reading the ``/proc/<pid>/fd`` links finds them. ``psutil.Process.open_files()`` lists regular files only,
+not character devices, hence the links are read here directly.
+
+Caution (FIELD-NOTES): processes that only query NVML (nvidia-smi, DCGM, nvidia-persistenced, monitoring
+agents, this module itself) hold the same device files. A holder is not necessarily a memory user.
+
+Everything here works without Ansible; ``psutil`` is needed only by :func:`process_info`.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+
+try:
+    import psutil
+    HAS_PSUTIL = True
+    PSUTIL_IMPORT_ERROR = None
+except ImportError as _exc:  # reported by the calling module with missing_required_lib("psutil")
+    psutil = None
+    HAS_PSUTIL = False
+    PSUTIL_IMPORT_ERROR = _exc
+
+DEFAULT_DEVICE_GLOB = "/dev/nvidia*"
+
+# /dev/nvidia<N> is the per-GPU node; its minor number is N (the driver creates it with major 195, minor N,
+# and NVML's nvmlDeviceGetMinorNumber returns that N). nvidiactl, nvidia-uvm, nvidia-uvm-tools,
+# nvidia-modeset and nvidia-caps/* are shared by all GPUs.
+_GPU_NODE_RE = re.compile(r"nvidia(\d+)$")
+
+
+class MissingLibraryError(Exception):
+    """A third-party Python package is not importable; ``.library`` is its distribution name."""
+
+    def __init__(self, library, exc=None):
+        super().__init__("the Python package %s is required" % library)
+        self.library = library
+        self.exc = exc
+
+
+def clean_text(value):
+    """Return ``value`` as text that always encodes to UTF-8 (or None when ``value`` is None).
+
+    Process names and command lines are bytes in the kernel; Python decodes them with surrogateescape
+    (psutil, os.readlink) and Ansible's run_command does the same. Lone surrogates cannot be serialised
+    to JSON for the controller, so invalid bytes become U+FFFD here.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    text = str(value)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def gpu_minor_of_path(path):
+    """Minor number N of a per-GPU device path ``.../nvidia<N>``, else None (nvidiactl, nvidia-uvm, ...).
+
+    Matching is by name, as the driver names the nodes; callers map N to a GPU with the GPU's minor
+    number (NVML nvmlDeviceGetMinorNumber; /proc/driver/nvidia/gpus/<bus id>/information "Device Minor").
+    """
+    m = _GPU_NODE_RE.search(os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def _pid_dirs(proc_root):
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return []
+    return sorted(int(e) for e in entries if e.isdigit())
+
+
+def find_device_holders(glob=DEFAULT_DEVICE_GLOB, proc_root="/proc", exclude_pids=()):
+    """Map each pid that has a file descriptor open on a path matching ``glob`` to those paths.
+
+    Returns ``{pid: [path, ...]}`` (paths sorted, each once). Source: ``readlink /proc/<pid>/fd/<n>``.
+    ``glob`` is an fnmatch pattern on the link target (``/dev/nvidia*`` matches nvidia0, nvidiactl,
+    nvidia-uvm). Processes that exit mid-scan and fd directories we may not read (another user's
+    processes without CAP_SYS_PTRACE, hidepid) are skipped silently: the result is best effort and covers
+    what this user can see. ``exclude_pids`` are left out (e.g. the calling module's own pid).
+    """
+    excluded = set(exclude_pids or ())
+    holders = {}
+    for pid in _pid_dirs(proc_root):
+        if pid in excluded:
+            continue
+        fd_dir = os.path.join(proc_root, str(pid), "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:  # vanished (ENOENT/ESRCH) or not ours to read (EACCES)
+            continue
+        found = set()
+        for fd in fds:
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:  # fd closed or process gone between listdir and readlink
+                continue
+            if fnmatch.fnmatchcase(target, glob):
+                found.add(clean_text(target))
+        if found:
+            holders[pid] = sorted(found)
+    return holders
+
+
+def process_info(pid):
+    """Describe one process, or return None when it no longer exists (or is not in our PID namespace).
+
+    Returns ``{"pid": int, "ppid": int|None, "pgid": int|None, "name": str|None, "cmdline": [str],
+    "user": str|None, "create_time": float|None}`` from psutil (``/proc/<pid>/stat``, ``cmdline``,
+    ``status``); ``create_time`` is seconds since the epoch. Fields this user may not read are None
+    (``cmdline`` then ``[]``). Invalid UTF-8 becomes U+FFFD. Raises :class:`MissingLibraryError` when
+    psutil is not installed.
+    """
+    if not HAS_PSUTIL:
+        raise MissingLibraryError("psutil", PSUTIL_IMPORT_ERROR)
+    try:
+        proc = psutil.Process(pid)
+    except (psutil.NoSuchProcess, ValueError):
+        return None
+    info = {"pid": pid, "ppid": None, "pgid": None, "name": None, "cmdline": [], "user": None,
+            "create_time": None}
+    getters = (
+        ("ppid", proc.ppid),
+        ("name", lambda: clean_text(proc.name())),
+        ("cmdline", lambda: [clean_text(a) for a in proc.cmdline()]),
+        ("user", lambda: clean_text(proc.username())),
+        ("create_time", proc.create_time),
+    )
+    for key, getter in getters:
+        try:
+            info[key] = getter()
+        except psutil.NoSuchProcess:
+            return None
+        except (psutil.AccessDenied, psutil.ZombieProcess, OSError, KeyError):
+            pass
+    try:
+        info["pgid"] = os.getpgid(pid)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+    return info
+
+
+def describe_pids(pids):
+    """``{pid: process_info(pid) or None}`` for each pid; without psutil every value is None."""
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = process_info(pid)
+        except MissingLibraryError:
+            out[pid] = None
+    return out
