@@ -1,0 +1,279 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# gpufleet: start SGLang as a detached process (own session, pid file, log file) on hosts without systemd.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_process
+short_description: Start a server (SGLang) as a detached process with a pid file and a log file
+description:
+  - Starts O(argv) (a list, never through a shell) in its own session (C(setsid)), stdin from C(/dev/null),
+    stdout and stderr appended to O(log_file), and writes its pid to O(pid_file) atomically.
+  - The process outlives the Ansible task and the SSH session; stop it with the C(sglang_stop) module, which
+    signals the process group recorded here.
+  - Idempotent; when O(pid_file) names a live process started before the file was written, nothing is
+    started and RV(changed) is false.
+  - After starting it watches the process for O(startup_check_s) seconds and fails with the log tail if it
+    already exited (bad flag, missing file, port in use).
+  - For hosts with systemd the C(sglang_launch) role uses a unit instead.
+version_added: "1.0.0"
+author: gpufleet
+options:
+  state:
+    description: Only C(started) is supported; stopping is the C(sglang_stop) module's job.
+    type: str
+    choices: [started]
+    default: started
+  argv:
+    description: Command and arguments, one element each (C(sglang_launcher) + rendered flags).
+    type: list
+    elements: str
+    required: true
+  env:
+    description: Variables added to (and overriding) the inherited environment, e.g. the NCCL set.
+    type: dict
+    default: {}
+  inherit_env:
+    description: Start from this module's environment (PATH, HOME, …); false starts from an empty one.
+    type: bool
+    default: true
+  chdir:
+    description: Working directory of the process.
+    type: path
+  log_file:
+    description: File that receives stdout and stderr (appended; created with mode 0640).
+    type: path
+    required: true
+  pid_file:
+    description: File that receives the pid (written atomically through a temporary file and rename).
+    type: path
+    required: true
+  startup_check_s:
+    description: Seconds to watch the new process; if it exits within them the task fails with the log tail.
+    type: float
+    default: 2
+  log_tail_lines:
+    description: Lines of O(log_file) included in a failure message.
+    type: int
+    default: 40
+attributes:
+  check_mode:
+    support: full
+    details: Reports whether it would start the process (RV(changed)) and the argv; starts nothing.
+  diff_mode:
+    support: none
+notes:
+  - "Why a new session: the process must not receive the SIGHUP of the closing SSH session, and its process
+    group id equals its pid, so C(sglang_stop) can signal the whole tree SGLang spawns."
+"""
+
+EXAMPLES = r"""
+- name: Start SGLang detached
+  sglang_process:
+    argv: ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--port", "30000"]
+    env: {NCCL_PROTO: LL, NCCL_ALGO: Ring}
+    log_file: /var/lib/gpufleet/sglang.log
+    pid_file: /var/lib/gpufleet/sglang.pid
+"""
+
+RETURN = r"""
+pid:
+  description: Pid of the started (or already running) process; null in check mode when it would start.
+  returned: always
+  type: int
+  sample: 31337
+started:
+  description: Whether a new process was started (or, in check mode, would be).
+  returned: always
+  type: bool
+started_at:
+  description: Start time, seconds since the epoch (target clock); null when nothing was started.
+  returned: always
+  type: float
+argv:
+  description: The argv started.
+  returned: always
+  type: list
+  elements: str
+log_file:
+  description: Path of the log file.
+  returned: always
+  type: str
+pid_file:
+  description: Path of the pid file.
+  returned: always
+  type: str
+log_tail:
+  description: Last lines of the log file, on failure only.
+  returned: failure
+  type: str
+"""
+
+import os
+import subprocess
+import tempfile
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+PID_REUSE_SLACK_S = 5.0
+
+
+def running_pid(pid_file):
+    """Pid named by ``pid_file`` if that process is alive and not a reused pid, else None.
+
+    Liveness: /proc/<pid> exists and is not a zombie; its start time (field 22 of /proc/<pid>/stat, in clock
+    ticks since boot, proc(5)) is no later than the pid file's mtime plus a few seconds.
+    """
+    try:
+        with open(pid_file) as handle:
+            text = handle.read().strip()
+        mtime = os.stat(pid_file).st_mtime
+    except FileNotFoundError:
+        return None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    started = process_start_epoch(pid)
+    if started is None or started > mtime + PID_REUSE_SLACK_S:
+        return None
+    return pid
+
+
+def process_start_epoch(pid):
+    """Start time of ``pid`` in seconds since the epoch, None if gone or a zombie (from /proc/<pid>/stat)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            stat = handle.read()
+        with open("/proc/stat") as handle:
+            btime = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+    except (OSError, StopIteration):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def build_env(env, inherit, base=None):
+    """Environment for the child: ``base`` (default os.environ) if ``inherit``, updated with ``env`` (str values).
+
+    Booleans become "1"/"0"; None removes a variable.
+    """
+    result = dict(base if base is not None else os.environ) if inherit else {}
+    for key, value in (env or {}).items():
+        if value is None:
+            result.pop(str(key), None)
+        elif isinstance(value, bool):
+            result[str(key)] = "1" if value else "0"
+        else:
+            result[str(key)] = str(value)
+    return result
+
+
+def write_pid_file(path, pid):
+    """Write ``pid`` to ``path`` atomically (temporary file in the same directory, fsync, rename)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".sglang-pid-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write("%d\n" % pid)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def log_tail(path, lines):
+    """Last ``lines`` lines of ``path`` as text (undecodable bytes replaced); "" if unreadable."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 64 * 1024))
+            data = handle.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def start_detached(argv, env, chdir, log_file):
+    """Start ``argv`` in a new session, stdin /dev/null, stdout+stderr appended to ``log_file``.
+
+    Returns the subprocess.Popen. Raises OSError (missing executable, bad chdir) from Popen.
+    """
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        with open(os.devnull, "rb") as devnull:
+            return subprocess.Popen(argv, stdin=devnull, stdout=log_fd, stderr=subprocess.STDOUT,
+                                    cwd=chdir, env=env, close_fds=True, start_new_session=True)
+    finally:
+        os.close(log_fd)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", default="started", choices=["started"]),
+            argv=dict(type="list", elements="str", required=True),
+            env=dict(type="dict", default={}),
+            inherit_env=dict(type="bool", default=True),
+            chdir=dict(type="path"),
+            log_file=dict(type="path", required=True),
+            pid_file=dict(type="path", required=True),
+            startup_check_s=dict(type="float", default=2),
+            log_tail_lines=dict(type="int", default=40),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    argv = p["argv"]
+    result = dict(changed=False, started=False, pid=None, started_at=None, argv=argv,
+                  log_file=p["log_file"], pid_file=p["pid_file"])
+    if not argv or not argv[0]:
+        module.fail_json(msg="argv must name a command as its first element", **result)
+    for path_key in ("log_file", "pid_file"):
+        parent = os.path.dirname(os.path.abspath(p[path_key]))
+        if not os.path.isdir(parent):
+            module.fail_json(msg="directory %s for %s does not exist (create sglang_state_dir first)"
+                             % (parent, path_key), **result)
+
+    existing = running_pid(p["pid_file"])
+    if existing is not None:
+        result["pid"] = existing
+        module.exit_json(msg="already running (pid %d from %s)" % (existing, p["pid_file"]), **result)
+    if module.check_mode:
+        result.update(changed=True, started=True)
+        module.exit_json(msg="would start %s" % argv[0], **result)
+
+    env = build_env(p["env"], p["inherit_env"])
+    # Ansible's own variables for the module run must not leak into a long-running server.
+    for key in [k for k in env if k.startswith("ANSIBLE_MODULE_")]:
+        env.pop(key)
+    started_at = time.time()
+    try:
+        proc = start_detached(argv, env, p["chdir"], p["log_file"])
+    except OSError as exc:
+        module.fail_json(msg="could not start %s: %s" % (argv[0], exc), **result)
+    write_pid_file(p["pid_file"], proc.pid)
+    result.update(changed=True, started=True, pid=proc.pid, started_at=started_at)
+
+    deadline = time.monotonic() + max(p["startup_check_s"], 0)
+    while time.monotonic() < deadline:
+        rc = proc.poll()
+        if rc is not None:
+            os.unlink(p["pid_file"])
+            module.fail_json(msg="%s exited with status %d within %.1f s of starting; full log: %s"
+                             % (argv[0], rc, p["startup_check_s"], p["log_file"]),
+                             rc=rc, log_tail=log_tail(p["log_file"], p["log_tail_lines"]), **result)
+        time.sleep(0.1)
+    module.exit_json(msg="started pid %d" % proc.pid, **result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""gpufleet Jinja2 filters: SGLang argv rendering, systemd quoting, the restart summary table.
+
+Presentation only: nothing here touches a host. Every filter is a plain function, unit-tested in
+tests/unit/test_filter_gpufleet.py.
+
+- ``sglang_argv(launch_args, launcher, host, port)`` → list of str: the argv that starts SGLang.
+- ``systemd_quote(word)`` → str: one argv element quoted for a systemd ``ExecStart=`` line.
+- ``systemd_env_assignment(value, name)`` → str: one ``Environment=`` value (``"NAME=value"``), escaped.
+- ``gpufleet_lock_owner(run_id)`` → dict: who takes a host lock (run id, controller host, pid, user).
+- ``gpufleet_summary_table(rows)`` → str: the fixed-width restart summary.
+"""
+from __future__ import annotations
+
+import datetime
+import getpass
+import json
+import os
+import re
+import socket
+
+from ansible.errors import AnsibleFilterError
+
+# SGLang flag names are argparse long options: letters, digits, dashes (e.g. "tp-size",
+# "speculative-draft-model-path"); underscores are accepted for users who copy Python attribute names.
+_FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+# Flags that gpufleet renders itself from sglang_host / sglang_port.
+_RESERVED_FLAGS = ("host", "port")
+# Characters that need no quoting in a systemd command line (after % and $ doubling).
+_SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./$-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _scalar_text(flag, value):
+    if isinstance(value, bool):  # bool is handled by the caller; never render "True"
+        raise AnsibleFilterError("sglang_launch_args[%r]: a boolean inside a list is ambiguous" % flag)
+    if isinstance(value, (dict,)):
+        # SGLang takes JSON for dict-shaped flags (e.g. --json-model-override-args).
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if isinstance(value, float) and value.is_integer():
+        return repr(value)
+    return str(value)
+
+
+def sglang_argv(launch_args, launcher, host="127.0.0.1", port=30000):
+    """Render the SGLang argv as a list of strings (never a shell string).
+
+    ``launch_args``: mapping of SGLang flag names without leading dashes → value. ``true`` renders the bare
+    flag, ``false``/``None`` omits it, a list renders ``--flag v1 v2 …`` (SGLang's list flags are argparse
+    ``nargs``), a mapping renders as compact JSON, anything else as ``str(value)``.
+    ``launcher``: argv prefix (list of str), e.g. ``[python, -m, sglang.launch_server]``.
+    ``host``/``port`` are appended as ``--host``/``--port``.
+
+    Raises AnsibleFilterError for a launcher that is not a non-empty list, a flag name that is not an
+    option name, or ``host``/``port`` inside launch_args (use sglang_host / sglang_port).
+    """
+    if isinstance(launcher, str) or not isinstance(launcher, (list, tuple)) or not launcher:
+        raise AnsibleFilterError("sglang_launcher must be a non-empty list of strings (argv prefix), got %r"
+                                 % (launcher,))
+    argv = [str(part) for part in launcher]
+    if launch_args is None:
+        launch_args = {}
+    if not isinstance(launch_args, dict):
+        raise AnsibleFilterError("sglang_launch_args must be a mapping of flag name → value, got %s"
+                                 % type(launch_args).__name__)
+    for raw_name, value in launch_args.items():
+        name = str(raw_name)
+        if name.startswith("-"):
+            raise AnsibleFilterError("sglang_launch_args key %r: write flag names without leading dashes "
+                                     "(e.g. 'tp-size')" % name)
+        if not _FLAG_NAME.match(name):
+            raise AnsibleFilterError("sglang_launch_args key %r is not an option name" % name)
+        if name.replace("_", "-") in _RESERVED_FLAGS:
+            raise AnsibleFilterError("sglang_launch_args must not contain %r: set sglang_%s instead"
+                                     % (name, name.replace("-", "_")))
+        flag = "--" + name
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            if not value:
+                continue
+            argv.append(flag)
+            argv.extend(_scalar_text(name, item) for item in value)
+        else:
+            argv.extend([flag, _scalar_text(name, value)])
+    argv.extend(["--host", str(host), "--port", str(int(port))])
+    return argv
+
+
+def _systemd_escape_body(text):
+    # systemd.service(5) "Command lines": C-style escapes inside quotes; "%" starts a specifier
+    # (systemd.unit(5)) and "$" an environment substitution, so both are doubled to stay literal.
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    out = out.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    return out.replace("%", "%%")
+
+
+def systemd_quote(word):
+    """Quote one argv element for ``ExecStart=`` so systemd passes it through unchanged.
+
+    Plain words stay bare; anything with whitespace, quotes, backslashes, ``;`` or an empty string is
+    double-quoted with C escapes. ``%`` → ``%%`` (specifiers) and ``$`` → ``$$`` (variable expansion) always.
+    Raises AnsibleFilterError for NUL bytes, which no argv can carry.
+    """
+    text = str(word)
+    if "\x00" in text:
+        raise AnsibleFilterError("an argv element cannot contain a NUL byte: %r" % text)
+    body = _systemd_escape_body(text).replace("$", "$$")
+    if text and text != ";" and _SYSTEMD_SAFE.match(text):
+        return body
+    return '"%s"' % body
+
+
+def systemd_env_assignment(value, name):
+    """One ``Environment=`` operand, quoted: ``"NAME=value"``.
+
+    ``$`` is not expanded in ``Environment=`` (systemd.exec(5)), but ``%`` specifiers are, so ``%`` is doubled.
+    Raises AnsibleFilterError for a name that is not a shell-style variable name or a NUL byte in the value.
+    """
+    key = str(name)
+    if not _ENV_NAME.match(key):
+        raise AnsibleFilterError("environment variable name %r is not valid ([A-Za-z_][A-Za-z0-9_]*)" % key)
+    text = "" if value is None else str(value)
+    if isinstance(value, bool):
+        text = "1" if value else "0"
+    if "\x00" in text:
+        raise AnsibleFilterError("value of %s contains a NUL byte" % key)
+    return '"%s=%s"' % (key, _systemd_escape_body(text))
+
+
+def gpufleet_lock_owner(run_id):
+    """Identity written into a host lock: ``{run_id, controller, pid, user, taken_at}``.
+
+    ``pid`` is the ansible-playbook process (the parent of the worker that templates this filter).
+    """
+    return {
+        "run_id": str(run_id),
+        "controller": socket.gethostname(),
+        "pid": os.getppid(),
+        "user": getpass.getuser(),
+        "taken_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def _cell(value, fmt=None):
+    if value is None or value == "":
+        return "-"
+    if fmt and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fmt % value
+    return str(value)
+
+
+def gpufleet_summary_table(rows):
+    """Fixed-width summary of a restart run: one line per host.
+
+    ``rows``: list of mappings with ``host``, ``result`` (ok|failed|skipped), ``downtime_s`` (s, stop start →
+    ready), ``release_wait_ms`` (ms), ``tokens_per_s`` (output tokens/s or None), ``nccl`` (ok|fail|-),
+    ``old_pid``, ``new_pid``. Missing values print as ``-``.
+    """
+    header = ("host", "result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
+    lines = [header]
+    for row in rows or []:
+        lines.append((
+            _cell(row.get("host")),
+            _cell(row.get("result")),
+            _cell(row.get("downtime_s"), "%.1f"),
+            _cell(row.get("release_wait_ms"), "%d"),
+            _cell(row.get("tokens_per_s"), "%.1f"),
+            _cell(row.get("nccl")),
+            _cell(row.get("old_pid")),
+            _cell(row.get("new_pid")),
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip()
+                     for line in lines)
+
+
+class FilterModule(object):
+    """gpufleet filters."""
+
+    def filters(self):
+        return {
+            "sglang_argv": sglang_argv,
+            "systemd_quote": systemd_quote,
+            "systemd_env_assignment": systemd_env_assignment,
+            "gpufleet_lock_owner": gpufleet_lock_owner,
+            "gpufleet_summary_table": gpufleet_summary_table,
+        }

@@ -1,0 +1,91 @@
+"""sglang_process: detached start with pid file and log file, idempotence, early-exit failure."""
+import importlib.util
+import json
+import os
+import pathlib
+import signal
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("sglang_process", ROOT / "library" / "sglang_process.py")
+proc_mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(proc_mod)
+
+
+def run_main(args, capsys):
+    from ansible.module_utils.testing import patch_module_args
+    with patch_module_args(args):
+        with pytest.raises(SystemExit) as exc:
+            proc_mod.main()
+    return exc.value.code, json.loads(capsys.readouterr().out)
+
+
+def _kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_starts_in_own_session_with_env_log_and_pid_file(tmp_path, capsys):
+    code = "import os,sys,time;print('NCCL_PROTO='+os.environ['NCCL_PROTO'],os.getsid(0),flush=True);time.sleep(30)"
+    args = {"argv": [sys.executable, "-c", code], "env": {"NCCL_PROTO": "LL", "FLAG": True},
+            "log_file": str(tmp_path / "s.log"), "pid_file": str(tmp_path / "s.pid"), "startup_check_s": 0.5,
+            "chdir": str(tmp_path)}
+    rc, result = run_main(args, capsys)
+    try:
+        assert rc == 0 and result["changed"] and result["started"]
+        pid = result["pid"]
+        assert (tmp_path / "s.pid").read_text() == "%d\n" % pid
+        assert os.getsid(pid) == pid, "must lead its own session (no SIGHUP from the SSH session)"
+        for _ in range(50):
+            if (tmp_path / "s.log").read_text():
+                break
+            time.sleep(0.1)
+        assert (tmp_path / "s.log").read_text().split() == ["NCCL_PROTO=LL", str(pid)]
+        # second run: already running, nothing started
+        rc, again = run_main(args, capsys)
+        assert rc == 0 and again["changed"] is False and again["pid"] == pid
+    finally:
+        _kill_group(result["pid"])
+
+
+def test_fails_with_log_tail_when_process_exits_at_once(tmp_path, capsys):
+    code = "import sys;print('error: unrecognized arguments: --tp-sise');sys.exit(2)"
+    rc, result = run_main({"argv": [sys.executable, "-c", code], "log_file": str(tmp_path / "s.log"),
+                           "pid_file": str(tmp_path / "s.pid"), "startup_check_s": 3}, capsys)
+    assert rc == 1 and result["failed"]
+    assert "exited with status 2" in result["msg"] and str(tmp_path / "s.log") in result["msg"]
+    assert "unrecognized arguments: --tp-sise" in result["log_tail"]
+    assert not (tmp_path / "s.pid").exists()
+
+
+def test_check_mode_starts_nothing(tmp_path, capsys):
+    rc, result = run_main({"argv": [sys.executable, "-c", "pass"], "log_file": str(tmp_path / "s.log"),
+                           "pid_file": str(tmp_path / "s.pid"), "_ansible_check_mode": True}, capsys)
+    assert rc == 0 and result["changed"] and result["pid"] is None
+    assert not (tmp_path / "s.pid").exists() and not (tmp_path / "s.log").exists()
+
+
+def test_missing_state_dir_is_a_clear_error(tmp_path, capsys):
+    rc, result = run_main({"argv": ["/bin/true"], "log_file": str(tmp_path / "nope" / "s.log"),
+                           "pid_file": str(tmp_path / "s.pid")}, capsys)
+    assert rc == 1 and "create sglang_state_dir first" in result["msg"]
+
+
+def test_stale_pid_file_does_not_count_as_running(tmp_path):
+    pid_file = tmp_path / "s.pid"
+    pid_file.write_text("%d\n" % os.getpid())
+    os.utime(pid_file, (time.time() - 3600 * 24 * 365, time.time() - 3600 * 24 * 365))
+    assert proc_mod.running_pid(str(pid_file)) is None  # this process started after that mtime
+    os.utime(pid_file, None)
+    assert proc_mod.running_pid(str(pid_file)) == os.getpid()
+
+
+def test_build_env_overrides_and_removes():
+    env = proc_mod.build_env({"A": 1, "B": None, "C": False}, True, base={"B": "x", "PATH": "/bin"})
+    assert env == {"A": "1", "C": "0", "PATH": "/bin"}
+    assert proc_mod.build_env({"A": "v"}, False, base={"PATH": "/bin"}) == {"A": "v"}
