@@ -189,7 +189,8 @@ from ansible.module_utils.gpufleet_sglang import (
     split_lines,
 )
 
-NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# fullmatch, not match: "$" would accept a trailing newline.
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BEGIN_MARKER = "# BEGIN gpufleet managed block: sglang_nccl_patch"
 END_MARKER = "# END gpufleet managed block: sglang_nccl_patch"
 BEGIN_HINT = " (managed by gpufleet, do not edit by hand: change sglang_nccl_env and run playbooks/patch.yml)"
@@ -209,7 +210,7 @@ def normalise_env(env):
     problems = []
     items = []
     for name, value in (env or {}).items():
-        if not isinstance(name, str) or not NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             problems.append("name %r is not a valid environment variable name (^[A-Za-z_][A-Za-z0-9_]*$)"
                             % (name,))
             continue

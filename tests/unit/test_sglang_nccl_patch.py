@@ -1,0 +1,372 @@
+"""sglang_nccl_patch: behaviour of the module's plain functions and of main() on a small SGLang-shaped file.
+
+Real releases are exercised in test_sglang_nccl_patch_releases.py; here the file is small so that every edge
+(CRLF, no trailing newline, malformed markers, check mode, modes, backups) can be set up precisely.
+"""
+import importlib.util
+import json
+import os
+import stat
+import sys
+import textwrap
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ansible.module_utils import basic
+from support.set_envs_exec import run_set_envs_and_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("sglang_nccl_patch", os.path.join(ROOT, "library", "sglang_nccl_patch.py"))
+patch_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(patch_module)
+
+# Shaped like 0.5.4's function: SGLang writes CUDA_DEVICE_MAX_CONNECTIONS and NCCL_CUMEM_ENABLE itself.
+SOURCE = textwrap.dedent('''\
+    import os
+    import multiprocessing as mp
+
+
+    def _set_envs_and_config(server_args):
+        # Set global environments
+        os.environ["NCCL_CUMEM_ENABLE"] = "0"
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "4"
+        if server_args.enable_metrics:
+            set_prometheus_multiproc_dir()
+
+        # Set mp start method
+        mp.set_start_method("spawn", force=True)
+
+
+    def other():
+        return 1
+    ''')
+ANCHOR = '    mp.set_start_method("spawn", force=True)\n'
+VERSION = "0.5.4"
+
+
+def make_tree(tmp_path, source=SOURCE, newline=None):
+    """sglang/srt/entrypoints/engine.py with a version.py, as in an installed wheel; returns the file path."""
+    pkg = tmp_path / "site" / "sglang"
+    (pkg / "srt" / "entrypoints").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "version.py").write_text('__version__ = "%s"\n' % VERSION)
+    path = pkg / "srt" / "entrypoints" / "engine.py"
+    data = source.encode("utf-8")
+    if newline:
+        data = data.replace(b"\n", newline)
+    path.write_bytes(data)
+    return path
+
+
+def run_main(capsys, args, check_mode=False, diff=False):
+    """Drive the module's main() the way Ansible 2.19+/2.21 hands arguments to a module; return its JSON."""
+    payload = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
+    basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": payload}).encode("utf-8")
+    if hasattr(basic, "_ANSIBLE_PROFILE"):  # 2.19+: the serialization profile travels with the arguments
+        basic._ANSIBLE_PROFILE = "legacy"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        patch_module.main()
+    out = capsys.readouterr().out
+    result = json.loads(out[out.index("{"):])
+    result["_rc"] = exited.value.code
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _reset_module_args():
+    yield
+    basic._ANSIBLE_ARGS = None
+    if hasattr(basic, "_ANSIBLE_PROFILE"):
+        basic._ANSIBLE_PROFILE = None
+
+
+ENV = {"NCCL_IB_HCA": "mlx5", "CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_MIN_NCHANNELS": 16}
+
+
+# --- env validation -------------------------------------------------------------------------------------------
+
+def test_env_integers_become_decimal_strings_and_names_are_sorted():
+    assert patch_module.normalise_env({"B": 16, "A": "x"}) == [("A", "x"), ("B", "16")]
+
+
+@pytest.mark.parametrize("value, expected", [
+    (True, "of type bool is refused"),
+    (None, "of type NoneType is refused"),
+    (1.5, "of type float is refused"),
+    (["a"], "of type list is refused"),
+    ("a\x00b", "contains NUL"),
+    ("\ud800", "lone surrogate"),
+], ids=["bool", "null", "float", "list", "nul", "surrogate"])
+def test_env_values_with_ambiguous_or_impossible_string_form_are_refused(value, expected):
+    with pytest.raises(patch_module.PatchError, match=expected):
+        patch_module.normalise_env({"NCCL_X": value})
+
+
+@pytest.mark.parametrize("name", ["A\n", "", "9A", "A-B", "A B", "\u00c4"], ids=repr)
+def test_env_names_outside_the_posix_pattern_are_refused(name):
+    with pytest.raises(patch_module.PatchError, match="not a valid environment variable name"):
+        patch_module.normalise_env({name: "v"})
+
+
+def test_env_error_lists_every_bad_entry():
+    with pytest.raises(patch_module.PatchError) as err:
+        patch_module.normalise_env({"1BAD": "x", "GOOD": "y", "ALSO-BAD": "z", "B": False})
+    msg = str(err.value)
+    assert "'1BAD'" in msg and "'ALSO-BAD'" in msg and "B: value False" in msg and "GOOD" not in msg
+
+
+# --- plan_patch (no I/O) --------------------------------------------------------------------------------------
+
+def test_block_goes_right_before_anchor_with_its_indentation():
+    plan = patch_module.plan_patch(SOURCE, patch_module.normalise_env(ENV), "present")
+    lines = plan["after"].splitlines(True)
+    start = plan["line"] - 1
+    assert lines[start].startswith("    # BEGIN gpufleet managed block") and "do not edit by hand" in lines[start]
+    assert lines[start + 1:start + 4] == [
+        "    os.environ['CUDA_DEVICE_MAX_CONNECTIONS'] = '1'\n",
+        "    os.environ['NCCL_IB_HCA'] = 'mlx5'\n",
+        "    os.environ['NCCL_MIN_NCHANNELS'] = '16'\n",
+    ]
+    assert lines[start + 4].startswith("    # END gpufleet managed block")
+    assert lines[start + 5] == ANCHOR
+    # Nothing but whole lines was added.
+    assert "".join(lines[:start] + lines[start + 5:]) == SOURCE
+
+
+def test_tab_indented_anchor_gets_tab_indented_block():
+    source = SOURCE.replace("\n    ", "\n\t")
+    plan = patch_module.plan_patch(source, [("A", "1")], "present")
+    assert "\n\tos.environ['A'] = '1'\n\tmp.set_start_method" in plan["after"].replace(
+        "\t# END gpufleet managed block: sglang_nccl_patch\n", "")
+    compile(plan["after"], "x", "exec")
+
+
+def test_crlf_file_gets_crlf_block_and_absent_restores_it():
+    source = SOURCE.replace("\n", "\r\n")
+    plan = patch_module.plan_patch(source, [("A", "1")], "present")
+    assert "\n" not in plan["after"].replace("\r\n", "")
+    assert patch_module.plan_patch(plan["after"], [], "absent")["after"] == source
+
+
+def test_anchor_on_last_line_without_newline():
+    source = SOURCE.split("\n\n\ndef other")[0].rstrip("\n")
+    assert source.endswith('force=True)')
+    plan = patch_module.plan_patch(source, [("A", "1")], "present")
+    assert plan["after"].endswith("# END gpufleet managed block: sglang_nccl_patch\n" + ANCHOR.rstrip("\n"))
+    assert patch_module.plan_patch(plan["after"], [], "absent")["after"] == source
+
+
+def test_other_env_replaces_block_instead_of_adding_one():
+    first = patch_module.plan_patch(SOURCE, [("A", "1")], "present")["after"]
+    second = patch_module.plan_patch(first, [("B", "2")], "present")
+    assert second["changed"]
+    assert second["after"].count("# BEGIN gpufleet") == 1
+    assert "os.environ['A']" not in second["after"] and "os.environ['B'] = '2'" in second["after"]
+
+
+def test_empty_env_removes_block():
+    first = patch_module.plan_patch(SOURCE, [("A", "1")], "present")["after"]
+    plan = patch_module.plan_patch(first, [], "present")
+    assert plan == {"after": SOURCE, "changed": True, "line": None}
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda text: text.replace("    # END gpufleet managed block: sglang_nccl_patch\n", ""),
+    lambda text: text.replace("    # BEGIN gpufleet managed block", "    # BEGIN-ish", 1),
+    lambda text: text + "# BEGIN gpufleet managed block: sglang_nccl_patch\n# END gpufleet managed block: sglang_nccl_patch\n",
+], ids=["begin-without-end", "end-without-begin", "two-blocks"])
+def test_malformed_block_is_refused(mangle):
+    patched = patch_module.plan_patch(SOURCE, [("A", "1")], "present")["after"]
+    with pytest.raises(patch_module.PatchError, match="malformed .*BEGIN on line"):
+        patch_module.plan_patch(mangle(patched), [("A", "1")], "present")
+
+
+# --- property-based: any valid value arrives exactly, invalid input never touches the file --------------------
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.text())
+def test_any_text_value_compiles_and_arrives_exactly_or_is_refused(tmp_path, value):
+    path = tmp_path / "engine.py"
+    path.write_text(SOURCE)
+    try:
+        items = patch_module.normalise_env({"NCCL_VALUE": value, "CUDA_DEVICE_MAX_CONNECTIONS": value})
+    except patch_module.PatchError as exc:
+        assert "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value), exc
+        return
+    after = patch_module.plan_patch(SOURCE, items, "present")["after"]
+    assert after.isascii() or not SOURCE.isascii()
+    path.write_text(after)
+    env = run_set_envs_and_config(str(path), {"CUDA_DEVICE_MAX_CONNECTIONS": "untouched"})
+    assert env["NCCL_VALUE"] == value
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == value
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.from_regex(r"\A[A-Za-z_][A-Za-z0-9_]*\Z"))
+def test_valid_names_are_accepted(name):
+    items = patch_module.normalise_env({name: "v"})
+    plan = patch_module.plan_patch(SOURCE, items, "present")
+    compile(plan["after"], "x", "exec")
+    assert "os.environ[%r] = 'v'" % name in plan["after"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.text(min_size=0, max_size=12).filter(lambda s: not patch_module.NAME_RE.fullmatch(s)))
+def test_invalid_names_fail_without_touching_the_file(tmp_path_factory, name):
+    path = make_tree(tmp_path_factory.mktemp("t"))
+    before = path.read_bytes()
+    with pytest.raises(patch_module.PatchError, match="not a valid environment variable name"):
+        patch_module.normalise_env({name: "v"})
+    # And through the module: failure, file byte-identical.
+    result = _run_main_plain({"path": str(path), "env": {name: "v", "GOOD": "1"}})
+    assert result["failed"] and "not a valid environment variable name" in result["msg"]
+    assert path.read_bytes() == before
+
+
+def _run_main_plain(args):
+    """run_main without capsys (hypothesis forbids function-scoped fixtures per example)."""
+    import io
+    from contextlib import redirect_stdout
+    payload = dict(args, _ansible_check_mode=False, _ansible_diff=False)
+    basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": payload}).encode("utf-8")
+    if hasattr(basic, "_ANSIBLE_PROFILE"):
+        basic._ANSIBLE_PROFILE = "legacy"
+    buf = io.StringIO()
+    with redirect_stdout(buf), pytest.raises(SystemExit):
+        patch_module.main()
+    out = buf.getvalue()
+    return json.loads(out[out.index("{"):])
+
+
+# --- main() -----------------------------------------------------------------------------------------------------
+
+def test_patch_then_repatch_changes_nothing(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    first = run_main(capsys, {"path": str(path), "env": ENV})
+    assert first["changed"] and first["_rc"] == 0
+    assert first["sglang_version"] == VERSION and first["path"] == str(path)
+    assert first["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_IB_HCA": "mlx5", "NCCL_MIN_NCHANNELS": "16"}
+    assert path.read_text().splitlines()[first["line"] - 1].lstrip().startswith("# BEGIN gpufleet")
+    patched = path.read_bytes()
+    second = run_main(capsys, {"path": str(path), "env": ENV})
+    assert not second["changed"] and second["line"] == first["line"]
+    assert path.read_bytes() == patched
+    env = run_set_envs_and_config(str(path), {})
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["NCCL_MIN_NCHANNELS"] == "16"
+
+
+def test_check_mode_reports_change_and_diff_without_writing(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    before = path.read_bytes()
+    mtime = path.stat().st_mtime_ns
+    result = run_main(capsys, {"path": str(path), "env": ENV}, check_mode=True, diff=True)
+    assert result["changed"] and result["line"] is not None
+    assert result["diff"]["before"] == SOURCE
+    assert "os.environ['NCCL_IB_HCA'] = 'mlx5'" in result["diff"]["after"]
+    assert path.read_bytes() == before and path.stat().st_mtime_ns == mtime
+    assert result["backup_file"] is None
+
+
+def test_diff_only_when_asked(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    assert "diff" not in run_main(capsys, {"path": str(path), "env": ENV})
+
+
+def test_backup_keeps_original_bytes(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    before = path.read_bytes()
+    result = run_main(capsys, {"path": str(path), "env": ENV, "backup": True})
+    assert result["backup_file"] and os.path.dirname(result["backup_file"]) == str(path.parent)
+    with open(result["backup_file"], "rb") as handle:
+        assert handle.read() == before
+    again = run_main(capsys, {"path": str(path), "env": ENV, "backup": True})
+    assert again["backup_file"] is None  # nothing changed, nothing backed up
+
+
+def test_absent_restores_original_bytes(tmp_path, capsys):
+    path = make_tree(tmp_path, newline=b"\r\n")
+    before = path.read_bytes()
+    run_main(capsys, {"path": str(path), "env": ENV})
+    assert path.read_bytes() != before
+    result = run_main(capsys, {"path": str(path), "state": "absent"}, diff=True)
+    assert result["changed"] and result["line"] is None and result["env"] == {}
+    assert path.read_bytes() == before
+    assert not run_main(capsys, {"path": str(path), "state": "absent"})["changed"]
+
+
+def test_write_is_a_rename_that_keeps_mode(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    os.chmod(str(path), 0o640)
+    inode = path.stat().st_ino
+    run_main(capsys, {"path": str(path), "env": ENV})
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert path.stat().st_ino != inode  # replaced by rename, never rewritten in place
+    assert [p.name for p in path.parent.iterdir() if "gpufleet-tmp" in p.name] == []
+
+
+def test_stale_bytecode_of_patched_file_is_removed(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    cache = path.parent / "__pycache__"
+    cache.mkdir()
+    (cache / "engine.cpython-311.pyc").write_bytes(b"old")
+    (cache / "other.cpython-311.pyc").write_bytes(b"keep")
+    run_main(capsys, {"path": str(path), "env": ENV})
+    assert sorted(p.name for p in cache.iterdir()) == ["other.cpython-311.pyc"]
+
+
+def test_source_that_would_not_compile_is_never_written(tmp_path, capsys, monkeypatch):
+    path = make_tree(tmp_path)
+    before = path.read_bytes()
+    monkeypatch.setattr(patch_module, "render_block", lambda items, indent, eol: [indent + "os.environ[\n"])
+    result = run_main(capsys, {"path": str(path), "env": ENV})
+    assert result["failed"] and "does not compile" in result["msg"] and str(path) in result["msg"]
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize("source, looked_for", [
+    (SOURCE.replace("def _set_envs_and_config", "def _renamed"), "def _set_envs_and_config() not found"),
+    (SOURCE.replace(ANCHOR, "    pass\n"), 'statement mp.set_start_method("spawn", force=True) not found'),
+], ids=["no-function", "no-anchor"])
+def test_missing_function_or_anchor_fails_naming_file_version_and_target(tmp_path, capsys, source, looked_for):
+    path = make_tree(tmp_path, source=source)
+    before = path.read_bytes()
+    result = run_main(capsys, {"path": str(path), "env": ENV})
+    assert result["failed"]
+    assert str(path) in result["msg"] and "sglang %s" % VERSION in result["msg"] and looked_for in result["msg"]
+    assert path.read_bytes() == before
+
+
+def test_malformed_block_fails_and_leaves_file(tmp_path, capsys):
+    path = make_tree(tmp_path, source=SOURCE.replace(
+        ANCHOR, "    # BEGIN gpufleet managed block: sglang_nccl_patch\n" + ANCHOR))
+    before = path.read_bytes()
+    result = run_main(capsys, {"path": str(path), "state": "absent"})
+    assert result["failed"] and "malformed" in result["msg"] and "BEGIN on line(s) 13, END on line(s) none" in result["msg"]
+    assert path.read_bytes() == before
+
+
+def test_bad_env_fails_before_reading_file(tmp_path, capsys):
+    result = run_main(capsys, {"path": str(tmp_path / "missing.py"), "env": {"NCCL_X": True}})
+    assert result["failed"] and "NCCL_X: value True of type bool is refused" in result["msg"]
+
+
+def test_python_option_locates_the_file_and_release(tmp_path, capsys, monkeypatch):
+    path = make_tree(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    result = run_main(capsys, {"python": sys.executable, "env": ENV})
+    assert result["changed"] and result["path"] == str(path) and result["sglang_version"] == VERSION
+
+
+def test_python_without_sglang_fails_with_advice(capsys, monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    result = run_main(capsys, {"python": sys.executable, "env": ENV})
+    assert result["failed"] and "sglang is not installed for %s" % sys.executable in result["msg"]
+    assert "sglang_python" in result["msg"]
+
+
+def test_path_and_python_are_mutually_exclusive(tmp_path, capsys):
+    result = run_main(capsys, {"python": sys.executable, "path": str(tmp_path)})
+    assert result["failed"] and "mutually exclusive" in result["msg"]
