@@ -1,0 +1,121 @@
+"""gpufleet filters: SGLang argv rendering, systemd quoting, summary table."""
+import shlex
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from plugins.filter import gpufleet as f
+
+LAUNCHER = ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
+
+
+def test_argv_renders_flags_bare_omitted_lists_and_host_port():
+    args = {
+        "model-path": "/models/Llama-3.1-8B-Instruct",
+        "speculative-algorithm": "EAGLE3",
+        "speculative-num-steps": 3,
+        "tp-size": 8,
+        "trust-remote-code": True,
+        "enable-metrics": False,
+        "chunked-prefill-size": None,
+        "cuda-graph-bs": [1, 2, 4],
+        "json-model-override-args": {"rope_scaling": {"type": "yarn"}},
+        "mem-fraction-static": 0.85,
+    }
+    argv = f.sglang_argv(args, LAUNCHER, "0.0.0.0", 30001)
+    assert argv == LAUNCHER + [
+        "--model-path", "/models/Llama-3.1-8B-Instruct", "--speculative-algorithm", "EAGLE3",
+        "--speculative-num-steps", "3", "--tp-size", "8", "--trust-remote-code",
+        "--cuda-graph-bs", "1", "2", "4",
+        "--json-model-override-args", '{"rope_scaling":{"type":"yarn"}}',
+        "--mem-fraction-static", "0.85",
+        "--host", "0.0.0.0", "--port", "30001"]
+
+
+def test_argv_keeps_values_with_shell_characters_as_single_elements():
+    argv = f.sglang_argv({"served-model-name": "m; rm -rf / $(x)"}, LAUNCHER)
+    assert argv[argv.index("--served-model-name") + 1] == "m; rm -rf / $(x)"
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"--tp-size": 8}, "without leading dashes"),
+    ({"port": 1}, "sglang_port"),
+    ({"host": "0.0.0.0"}, "sglang_host"),
+    ({"tp size": 8}, "not an option name"),
+    ({"cuda-graph-bs": [True]}, "ambiguous"),
+])
+def test_argv_rejects_bad_input_with_a_clear_message(args, message):
+    with pytest.raises(AnsibleFilterError, match=message):
+        f.sglang_argv(args, LAUNCHER)
+
+
+def test_argv_rejects_a_string_launcher():
+    with pytest.raises(AnsibleFilterError, match="list of strings"):
+        f.sglang_argv({}, "python -m sglang.launch_server")
+
+
+def _systemd_split(line):
+    """Reference unquoting of systemd's ExecStart rules for the characters we emit (C escapes, %%, $$)."""
+    words, cur, i, quoted, inword = [], [], 0, False, False
+    while i < len(line):
+        c = line[i]
+        if c == "%":
+            assert line[i + 1] == "%", "unescaped specifier in %r" % line
+            cur.append("%"); i += 2; inword = True; continue
+        if c == "$":
+            assert line[i + 1] == "$", "unescaped variable in %r" % line
+            cur.append("$"); i += 2; inword = True; continue
+        if c == "\\":
+            cur.append({"n": "\n", "t": "\t", "r": "\r"}.get(line[i + 1], line[i + 1])); i += 2; continue
+        if c == '"':
+            quoted = not quoted; inword = True; i += 1; continue
+        if c == " " and not quoted:
+            if inword or cur:
+                words.append("".join(cur))
+            cur, inword = [], False; i += 1; continue
+        cur.append(c); inword = True; i += 1
+    if inword or cur:
+        words.append("".join(cur))
+    return words
+
+
+@pytest.mark.parametrize("word", [
+    "/opt/sglang/bin/python", "--model-path", "/models/with space/m", 'say "hi"', "back\\slash",
+    "100%", "$HOME", "${X}", "", ";", "tab\tnew\nline", "it's", "{\"a\":1}",
+])
+def test_systemd_quote_round_trips(word):
+    quoted = f.systemd_quote(word)
+    assert _systemd_split(quoted) == [word]
+
+
+def test_systemd_quote_leaves_plain_words_bare_and_doubles_specifiers():
+    assert f.systemd_quote("/models/Llama-3.1-8B") == "/models/Llama-3.1-8B"
+    assert f.systemd_quote("50%") == "50%%"
+    assert f.systemd_quote("a b") == '"a b"'
+
+
+def test_systemd_quote_refuses_nul():
+    with pytest.raises(AnsibleFilterError, match="NUL"):
+        f.systemd_quote("a\x00b")
+
+
+def test_systemd_env_assignment_escapes_and_validates_names():
+    assert f.systemd_env_assignment("LL", "NCCL_PROTO") == '"NCCL_PROTO=LL"'
+    assert f.systemd_env_assignment('a"b\\c 5%', "X") == '"X=a\\"b\\\\c 5%%"'
+    assert f.systemd_env_assignment(16777216, "NCCL_BUFFSIZE") == '"NCCL_BUFFSIZE=16777216"'
+    with pytest.raises(AnsibleFilterError, match="not valid"):
+        f.systemd_env_assignment("x", "BAD-NAME")
+
+
+def test_summary_table_aligns_and_marks_missing_values():
+    table = f.gpufleet_summary_table([
+        {"host": "gpu-a", "result": "ok", "downtime_s": 41.234, "release_wait_ms": 830, "tokens_per_s": 1520.44,
+         "nccl": "ok", "old_pid": 10, "new_pid": 20},
+        {"host": "gpu-bb", "result": "failed", "downtime_s": None, "nccl": "fail"},
+    ])
+    lines = table.splitlines()
+    assert lines[0].split() == ["host", "result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl",
+                                "old_pid", "new_pid"]
+    assert lines[1].split() == ["gpu-a", "ok", "41.2", "830", "1520.4", "ok", "10", "20"]
+    assert lines[2].split() == ["gpu-bb", "failed", "-", "-", "-", "fail", "-", "-"]
+    assert lines[1].index("41.2") == lines[0].index("downtime_s")
