@@ -183,16 +183,19 @@ from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.gpufleet_sglang import (
     ANCHOR_TEXT,
     FUNCTION_NAME,
+    MANAGED_BEGIN,
+    MANAGED_END,
     SGLangLocateError,
     find_anchor,
     locate_sglang,
+    managed_block_lines,
     split_lines,
 )
 
 # fullmatch, not match: "$" would accept a trailing newline.
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-BEGIN_MARKER = "# BEGIN gpufleet managed block: sglang_nccl_patch"
-END_MARKER = "# END gpufleet managed block: sglang_nccl_patch"
+BEGIN_MARKER = MANAGED_BEGIN
+END_MARKER = MANAGED_END
 BEGIN_HINT = " (managed by gpufleet, do not edit by hand: change sglang_nccl_env and run playbooks/patch.yml)"
 
 
@@ -246,22 +249,18 @@ def render_block(items, indent, eol):
     return lines
 
 
-def find_block(lines):
-    """``(begin_index, end_index)`` (0-based, inclusive) of the managed block in ``lines``, or None.
+def find_block(text):
+    """``(begin_index, end_index)`` (0-based, inclusive) of the managed block in ``text``, or None.
 
     Raises :class:`PatchError` when the markers are malformed: BEGIN without END, END without BEGIN, END
     before BEGIN, or more than one block.
     """
-    begins = [i for i, line in enumerate(lines) if line.lstrip(" \t").startswith(BEGIN_MARKER)]
-    ends = [i for i, line in enumerate(lines) if line.lstrip(" \t").startswith(END_MARKER)]
-    if not begins and not ends:
-        return None
-    where = "BEGIN on line(s) %s, END on line(s) %s" % (
-        ", ".join(str(i + 1) for i in begins) or "none", ", ".join(str(i + 1) for i in ends) or "none")
-    if len(begins) != 1 or len(ends) != 1 or ends[0] < begins[0]:
-        raise PatchError("the gpufleet managed block is malformed (%s); fix or remove the marker lines by hand, "
-                         "or reinstall the sglang wheel, then run again" % where)
-    return begins[0], ends[0]
+    try:
+        found = managed_block_lines(text)
+    except SGLangLocateError as exc:
+        raise PatchError("%s; fix or remove the marker lines by hand, or reinstall the sglang wheel, then run "
+                         "again" % exc)
+    return None if found is None else (found[0] - 1, found[1] - 1)
 
 
 def plan_patch(text, items, state, filename="<source>"):
@@ -275,7 +274,7 @@ def plan_patch(text, items, state, filename="<source>"):
     :class:`~ansible.module_utils.gpufleet_sglang.SGLangLocateError` (function or anchor missing).
     """
     lines = split_lines(text)
-    block = find_block(lines)
+    block = find_block(text)
     if block is not None:
         begin, end = block
         lines = lines[:begin] + lines[end + 1:]

@@ -20,6 +20,8 @@ whose GPUs are being restarted, can fail or grab a GPU. Instead:
   so a block inserted just before it is the last word on the environment the TP workers inherit.
 
 Errors are raised as :class:`SGLangLocateError` with a message that names what was looked for and where.
+:func:`managed_block_lines` tells whether a file carries the block ``sglang_nccl_patch`` inserts.
+
 The functions take and return plain values (str, dict) so they can be used by several modules
 (``sglang_nccl_patch``, preflight checks) and tested without Ansible.
 """
@@ -38,6 +40,9 @@ FUNCTION_NAME = "_set_envs_and_config"
 # Relative to the package directory, newest layout first (see module docstring for the releases).
 CANDIDATE_FILES = ("srt/entrypoints/engine.py", "srt/server.py")
 ANCHOR_TEXT = 'mp.set_start_method("spawn", force=True)'
+# Marker lines of the block the sglang_nccl_patch module inserts (preflight can tell a patched file by them).
+MANAGED_BEGIN = "# BEGIN gpufleet managed block: sglang_nccl_patch"
+MANAGED_END = "# END gpufleet managed block: sglang_nccl_patch"
 
 # Printed by the interpreter that owns sglang. Runs on whatever Python that venv has (3.8+), so it is kept
 # to the standard library and old syntax. '' (the current directory) is dropped from sys.path first: the
@@ -277,6 +282,23 @@ def find_anchor(source, filename="<source>"):
         raise SGLangLocateError("statement %s on line %d does not start its own line; cannot insert before it"
                                 % (ANCHOR_TEXT, anchor.lineno))
     return {"function_line": function.lineno, "anchor_line": anchor.lineno, "col_offset": anchor.col_offset}
+
+
+def managed_block_lines(text):
+    """1-based ``(begin_line, end_line)`` of the gpufleet managed block in ``text`` (str), or None if absent.
+
+    Raises :class:`SGLangLocateError` when the markers are malformed (BEGIN without END, END without BEGIN,
+    END before BEGIN, more than one block); the message gives the marker lines found.
+    """
+    lines = split_lines(text)
+    begins = [i + 1 for i, line in enumerate(lines) if line.lstrip(" \t").startswith(MANAGED_BEGIN)]
+    ends = [i + 1 for i, line in enumerate(lines) if line.lstrip(" \t").startswith(MANAGED_END)]
+    if not begins and not ends:
+        return None
+    if len(begins) != 1 or len(ends) != 1 or ends[0] < begins[0]:
+        raise SGLangLocateError("the gpufleet managed block is malformed (BEGIN on line(s) %s, END on line(s) %s)"
+                                % (", ".join(map(str, begins)) or "none", ", ".join(map(str, ends)) or "none"))
+    return begins[0], ends[0]
 
 
 def locate_sglang(python=None, path=None, run=None):

@@ -190,3 +190,13 @@ def test_locate_output_without_json_is_an_error():
     with pytest.raises(SGLangLocateError, match="could not read"):
         parse_locate_output("Traceback ...\n")
     assert parse_locate_output('noise\n{"locations": ["/x/sglang"]}\n') == {"locations": ["/x/sglang"]}
+
+
+def test_managed_block_lines_found_absent_or_malformed():
+    from ansible.module_utils.gpufleet_sglang import MANAGED_BEGIN, MANAGED_END, managed_block_lines
+    patched = FUNCTION.replace("    mp.set_start_method", "    %s\n    os.environ['A'] = '1'\n    %s\n    mp.set_start_method"
+                               % (MANAGED_BEGIN, MANAGED_END))
+    assert managed_block_lines(patched) == (9, 11)
+    assert managed_block_lines(FUNCTION) is None
+    with pytest.raises(SGLangLocateError, match=r"BEGIN on line\(s\) 9, END on line\(s\) none"):
+        managed_block_lines(patched.replace(MANAGED_END, "# gone"))
