@@ -297,12 +297,16 @@ def test_absent_restores_original_bytes(tmp_path, capsys):
     assert not run_main(capsys, {"path": str(path), "state": "absent"})["changed"]
 
 
-def test_write_is_a_rename_that_keeps_mode(tmp_path, capsys):
+def test_write_is_a_rename_that_keeps_mode_and_owner(tmp_path, capsys):
     path = make_tree(tmp_path)
     os.chmod(str(path), 0o640)
+    owner = (4321, 4321) if os.geteuid() == 0 else (os.getuid(), os.getgid())
+    if os.geteuid() == 0:
+        os.chown(str(path), *owner)
     inode = path.stat().st_ino
     run_main(capsys, {"path": str(path), "env": ENV})
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert (path.stat().st_uid, path.stat().st_gid) == owner
     assert path.stat().st_ino != inode  # replaced by rename, never rewritten in place
     assert [p.name for p in path.parent.iterdir() if "gpufleet-tmp" in p.name] == []
 
