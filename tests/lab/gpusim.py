@@ -1,0 +1,491 @@
+"""Simulated NVIDIA H200 GPUs for the lab: identities, memory state and the ``nvidia-smi`` front end.
+
+Stdlib only (it runs under every host's interpreter and the simulated ``nvidia-smi`` starts once per call).
+
+Model (facts from ../../shared/recordings/h200x2-driver580/, an H200 with driver 580.159.04, CUDA 13.0):
+- 8 GPUs per host, 143771 MiB each, 616 MiB ``memory.reserved``; an idle GPU reports ``memory.used`` 0 MiB
+  and ``memory.free`` = total - reserved - used.
+- Memory is held by processes registered with the host's ``gpusimd`` (see ``host_init.py``) over the
+  abstract unix socket ``GPUSIMD_SOCKET`` (abstract names are per network namespace, so each lab host has
+  its own). A holder connects, sends one JSON line ``{"op": "hold", "gpu": N, "mib": M}`` and keeps the
+  connection open; when it dies the daemon sees EOF and keeps the memory for ``release_delay_ms``.
+- ``gpusimd`` writes ``<host dir>/gpu/state.json`` atomically; this module only reads it.
+
+``nvidia-smi`` output forms follow the recordings byte for byte (values aside): ``--query-gpu``,
+``--query-compute-apps`` with ``--format=csv[,noheader][,nounits]``, ``-i``, ``-L``, the default table,
+the error texts and exit codes (bad field: rc 2; bad index: rc 6).
+"""
+import hashlib
+import json
+import os
+import re
+import socket
+import sys
+import time
+
+GPU_COUNT = 8
+GPU_NAME = "NVIDIA H200"
+MEMORY_TOTAL_MIB = 143771
+MEMORY_RESERVED_MIB = 616
+DRIVER_VERSION = "580.159.04"  # recordings/h200x2-driver580/README.md
+CUDA_VERSION = "13.0"
+POWER_LIMIT_W = 700.0
+# Per-context overhead seen in loaded-query-gpu.csv (31339 MiB used for a 31330 MiB process).
+CONTEXT_OVERHEAD_MIB = 9
+GPUSIMD_SOCKET = "\0gpufleet-lab-gpusimd"
+HOST_DIR_ENV = "GPUFLEET_LAB_HOST_DIR"
+
+_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+NA = "[N/A]"
+NOT_SUPPORTED = "[Not Supported]"
+
+
+class SmiError(Exception):
+    """An nvidia-smi failure: ``text`` printed on stdout, process exits with ``rc``."""
+
+    def __init__(self, text, rc):
+        super().__init__(text)
+        self.text = text
+        self.rc = rc
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU identities and state
+# ---------------------------------------------------------------------------------------------------
+def gpu_identities(host_name):
+    """List of dicts (index, uuid, pci_bus_id, serial) for a host: stable per host name, distinct."""
+    out = []
+    for i in range(GPU_COUNT):
+        h = hashlib.sha256(("%s/%d" % (host_name, i)).encode()).hexdigest()
+        uuid = "GPU-%s-%s-%s-%s-%s" % (h[0:8], h[8:12], h[12:16], h[16:20], h[20:32])
+        # H200 HGX boards sit on separate PCIe buses; keep the recorded "domain:bus:device.function" form.
+        bus = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB][i]
+        out.append({
+            "index": i,
+            "uuid": uuid,
+            "pci_bus_id": "00000000:%02X:00.0" % bus,
+            "serial": str(1653824016000 + int(h[32:38], 16) % 1000),
+            "minor_number": i,
+        })
+    return out
+
+
+def read_json(path, default):
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return default
+
+
+def write_json_atomic(path, data):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _pid_alive(pid):
+    return os.path.exists("/proc/%d" % pid)
+
+
+def process_name(pid):
+    """What NVML reports as the process name: argv[0] of /proc/<pid>/cmdline (setproctitle changes it)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    first = raw.split(b"\0", 1)[0].decode(errors="replace")
+    if " " in first and b"\0" not in raw.rstrip(b"\0"):
+        # setproctitle writes the whole title into argv[0]; NVML shows it whole too.
+        return first
+    return first
+
+
+def gpu_snapshot(host_dir, now=None):
+    """Current view of every GPU of a host.
+
+    Returns a list of GPU_COUNT dicts: identity fields plus ``used_mib`` (held memory incl. memory kept
+    for ``release_delay_ms`` after a holder died), ``apps`` (live holders: pid, name, used_mib), ``util``.
+    """
+    now = time.time() if now is None else now
+    host_name = os.path.basename(os.path.normpath(host_dir))
+    state = read_json(os.path.join(host_dir, "gpu", "state.json"), {})
+    gpus = gpu_identities(host_name)
+    allocs = state.get("allocs", [])
+    utils = state.get("util", {})
+    for g in gpus:
+        g["used_mib"] = 0
+        g["apps"] = []
+        g["util"] = int(utils.get(str(g["index"]), 0))
+    for a in allocs:
+        if not 0 <= a.get("gpu", -1) < GPU_COUNT:
+            continue
+        rel = a.get("released_at")
+        if rel == "never" or rel is None or (isinstance(rel, (int, float)) and rel > now):
+            g = gpus[a["gpu"]]
+            g["used_mib"] += int(a["mib"]) + CONTEXT_OVERHEAD_MIB
+            if rel is None and _pid_alive(a["pid"]):
+                name = process_name(a["pid"]) or a.get("name") or "python3"
+                g["apps"].append({"pid": a["pid"], "name": name, "used_mib": int(a["mib"])})
+    for g in gpus:
+        g["used_mib"] = min(g["used_mib"], MEMORY_TOTAL_MIB - MEMORY_RESERVED_MIB)
+        g["apps"].sort(key=lambda x: x["pid"])
+    return gpus
+
+
+# ---------------------------------------------------------------------------------------------------
+# Holder client (used by the stand-in workers and tests)
+# ---------------------------------------------------------------------------------------------------
+def hold(gpu, mib, name=None, pid=None):
+    """Register ``mib`` MiB on GPU ``gpu`` for this process; returns the socket (keep it open to hold).
+
+    Raises OSError when the host has no gpusimd (not inside a lab host's network namespace).
+    """
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(GPUSIMD_SOCKET)
+    msg = {"op": "hold", "gpu": int(gpu), "mib": int(mib)}
+    if name:
+        msg["name"] = name
+    if pid:
+        msg["pid"] = int(pid)
+    s.sendall((json.dumps(msg) + "\n").encode())
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = s.recv(4096)
+        if not chunk:
+            raise OSError("gpusimd closed the connection")
+        reply += chunk
+    data = json.loads(reply)
+    if not data.get("ok"):
+        raise OSError("gpusimd refused: %s" % data.get("error"))
+    return s
+
+
+def report_util(sock, gpus, pct):
+    """Tell gpusimd the utilization (%) of ``gpus`` over an open connection (load from /generate)."""
+    sock.sendall((json.dumps({"op": "util", "gpus": list(gpus), "pct": int(pct)}) + "\n").encode())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Field table for --query-gpu / --query-compute-apps
+# ---------------------------------------------------------------------------------------------------
+def _help_fields(fname):
+    """{name or alias: canonical (first) name} parsed from the recorded --help-query-* text."""
+    names = {}
+    with open(os.path.join(_DATA, fname)) as fh:
+        for line in fh:
+            m = re.match(r'^"([A-Za-z_][^"]*)"(?: or "([^"]+)")?\s*$', line)
+            if m:
+                names[m.group(1)] = m.group(1)
+                if m.group(2):
+                    names[m.group(2)] = m.group(1)
+    return names
+
+
+# canonical name -> unit shown in the header and after values (recordings: idle-query-gpu.csv)
+_UNITS = {
+    "memory.total": "MiB", "memory.reserved": "MiB", "memory.used": "MiB", "memory.free": "MiB",
+    "utilization.gpu": "%", "utilization.memory": "%", "utilization.encoder": "%",
+    "utilization.decoder": "%", "utilization.jpeg": "%", "utilization.ofa": "%",
+    "fan.speed": "%",
+    "power.draw": "W", "power.draw.average": "W", "power.draw.instant": "W", "power.limit": "W",
+    "enforced.power.limit": "W", "power.default_limit": "W", "power.min_limit": "W",
+    "power.max_limit": "W",
+    "protected_memory.total": "MiB", "protected_memory.used": "MiB", "protected_memory.free": "MiB",
+}
+_APP_UNITS = {"used_gpu_memory": "MiB"}
+
+
+def _unit_for(name):
+    if name in _UNITS:
+        return _UNITS[name]
+    if name.startswith("clocks.") and not name.startswith("clocks_"):
+        return "MHz"
+    return None
+
+
+def _gpu_value(name, g, host_dir, now):
+    """(value, unit or None) for one canonical field of one GPU snapshot."""
+    used = g["used_mib"]
+    busy = used > 0
+    util = g["util"]
+    temp = 35 + g["index"] % 3 + (2 if busy else 0) + util // 5
+    power = 78.4 + 0.55 * g["index"] + (0.0014 * used) + 4.5 * util
+    power = min(power, POWER_LIMIT_W)
+    ts = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + ".%03d" % int((now % 1) * 1000)
+    fixed = {
+        "timestamp": ts,
+        "driver_version": DRIVER_VERSION,
+        "count": str(GPU_COUNT),
+        "name": GPU_NAME,
+        "serial": g["serial"],
+        "uuid": g["uuid"],
+        "pci.bus_id": g["pci_bus_id"],
+        "pci.domain": "0x0000",
+        "pci.bus": "0x" + g["pci_bus_id"][9:11],
+        "pci.device": "0x00",
+        "pci.baseClass": "0x3",
+        "pci.subClass": "0x2",
+        "pci.device_id": "0x233510DE",
+        "pci.sub_device_id": "0x18BF10DE",
+        "pcie.link.gen.current": "5", "pcie.link.gen.gpucurrent": "5", "pcie.link.gen.max": "5",
+        "pcie.link.gen.gpumax": "5", "pcie.link.gen.hostmax": "5",
+        "pcie.link.width.current": "16", "pcie.link.width.max": "16",
+        "index": str(g["index"]),
+        "display_attached": "Yes", "display_active": "Disabled",
+        "persistence_mode": "Enabled", "addressing_mode": "None",
+        "accounting.mode": "Disabled", "accounting.buffer_size": "4000",
+        "driver_model.current": NA, "driver_model.pending": NA,
+        "vbios_version": "96.00.A5.00.1A",
+        "inforom.img": "G520.0282.02.02", "inforom.oem": "2.1", "inforom.ecc": "7.16", "inforom.pwr": NA,
+        "gpu_recovery_action": "None",
+        "gom.current": NA, "gom.pending": NA,
+        "fan.speed": NA,
+        "pstate": "P0",
+        "clocks_event_reasons.supported": "0x00000000000001FF",
+        "clocks_event_reasons.active": "0x0000000000000000" if busy else "0x0000000000000001",
+        "clocks_event_reasons.gpu_idle": "Not Active" if busy else "Active",
+        "memory.total": str(MEMORY_TOTAL_MIB),
+        "memory.reserved": str(MEMORY_RESERVED_MIB),
+        "memory.used": str(used),
+        "memory.free": str(MEMORY_TOTAL_MIB - MEMORY_RESERVED_MIB - used),
+        "compute_mode": "Default",
+        "compute_cap": "9.0",
+        "utilization.gpu": str(util),
+        "utilization.memory": str(util // 3),
+        "utilization.encoder": "0", "utilization.decoder": "0", "utilization.jpeg": "0",
+        "utilization.ofa": "0",
+        "ecc.mode.current": "Enabled", "ecc.mode.pending": "Enabled",
+        # H200: retired pages are not supported (NVML NotSupported; nvidia-smi prints [N/A]).
+        "retired_pages.single_bit_ecc.count": NA, "retired_pages.double_bit.count": NA,
+        "retired_pages.pending": NA,
+        "remapped_rows.correctable": "0", "remapped_rows.uncorrectable": "0",
+        "remapped_rows.pending": "No", "remapped_rows.failure": "No",
+        "temperature.gpu": str(temp), "temperature.gpu.tlimit": str(87 - temp), "temperature.memory": str(temp + 8),
+        "power.management": "Enabled",
+        "power.draw": "%.2f" % power, "power.draw.average": "%.2f" % power,
+        "power.draw.instant": "%.2f" % power,
+        "power.limit": "%.2f" % POWER_LIMIT_W, "enforced.power.limit": "%.2f" % POWER_LIMIT_W,
+        "power.default_limit": "%.2f" % POWER_LIMIT_W, "power.min_limit": "200.00",
+        "power.max_limit": "%.2f" % POWER_LIMIT_W,
+        "clocks.current.graphics": "1980" if busy else "345", "clocks.current.sm": "1980" if busy else "345",
+        "clocks.current.memory": "3201", "clocks.current.video": "1545" if busy else "765",
+        "clocks.applications.graphics": "1980", "clocks.applications.memory": "3201",
+        "clocks.default_applications.graphics": "1980", "clocks.default_applications.memory": "3201",
+        "clocks.max.graphics": "1980", "clocks.max.sm": "1980", "clocks.max.memory": "3201",
+        "mig.mode.current": "Disabled", "mig.mode.pending": "Disabled",
+        "gsp.mode.current": "Enabled", "gsp.mode.default": "Enabled",
+        "c2c.mode": "Disabled",
+        "hostname": socket.gethostname(),
+    }
+    if name.startswith("ecc.errors."):
+        return "0", None
+    if name.startswith("clocks_event_reasons.") and name not in fixed:
+        return "Not Active", None
+    if name.startswith("clocks_event_reasons_counters."):
+        return "0", None
+    value = fixed.get(name, NA)
+    return value, _unit_for(name)
+
+
+def _app_value(name, app, g, now):
+    fixed = {
+        "timestamp": time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(now)) + ".%03d" % int((now % 1) * 1000),
+        "gpu_name": GPU_NAME,
+        "gpu_bus_id": g["pci_bus_id"],
+        "gpu_serial": g["serial"],
+        "gpu_uuid": g["uuid"],
+        "pid": str(app["pid"]),
+        "process_name": app["name"],
+        "used_gpu_memory": str(app["used_mib"]),
+    }
+    return fixed.get(name, NA), _APP_UNITS.get(name)
+
+
+def _fmt(value, unit, units):
+    if unit and units and value not in (NA, NOT_SUPPORTED):
+        return "%s %s" % (value, unit)
+    return value
+
+
+def _parse_format(spec):
+    opts = [o.strip() for o in spec.split(",") if o.strip()]
+    if not opts or opts[0] != "csv" or any(o not in ("csv", "noheader", "nounits") for o in opts):
+        raise SmiError('"%s" is not a valid format.\n\n' % spec, 2)
+    return "noheader" not in opts, "nounits" not in opts
+
+
+def _resolve_fields(spec, table):
+    fields = []
+    for raw in spec.split(","):
+        f = raw.strip()
+        if f not in table:
+            raise SmiError('Field "%s" is not a valid field to query.\n\n' % f, 2)
+        fields.append(table[f])
+    return fields
+
+
+def _select(gpus, ids):
+    if ids is None:
+        return gpus
+    chosen = []
+    for ident in ids.split(","):
+        ident = ident.strip()
+        match = [g for g in gpus if (ident.isdigit() and int(ident) == g["index"])
+                 or ident == g["uuid"] or ident.upper() == g["pci_bus_id"]]
+        if not match:
+            raise SmiError("No devices were found\n", 6)
+        chosen.extend(m for m in match if m not in chosen)
+    return chosen
+
+
+def query_gpu(gpus, fields_spec, format_spec, host_dir, now):
+    header, units = _parse_format(format_spec)
+    fields = _resolve_fields(fields_spec, _help_fields("help-query-gpu.txt"))
+    lines = []
+    if header:
+        lines.append(", ".join(f + (" [%s]" % _unit_for(f) if _unit_for(f) else "") for f in fields))
+    for g in gpus:
+        lines.append(", ".join(_fmt(*_gpu_value(f, g, host_dir, now), units) for f in fields))
+    return "".join(line + "\n" for line in lines)
+
+
+def query_apps(gpus, fields_spec, format_spec, now):
+    header, units = _parse_format(format_spec)
+    fields = _resolve_fields(fields_spec, _help_fields("help-query-compute-apps.txt"))
+    lines = []
+    if header:
+        lines.append(", ".join(f + (" [%s]" % _APP_UNITS[f] if f in _APP_UNITS else "") for f in fields))
+    for g in gpus:
+        for app in g["apps"]:
+            lines.append(", ".join(_fmt(*_app_value(f, app, g, now), units) for f in fields))
+    return "".join(line + "\n" for line in lines)
+
+
+def list_gpus(gpus):
+    return "".join("GPU %d: %s (UUID: %s)\n" % (g["index"], GPU_NAME, g["uuid"]) for g in gpus)
+
+
+def table(gpus, now, host_dir):
+    """The default ``nvidia-smi`` table, laid out as recordings/idle-table.txt and loaded-table.txt."""
+    sep = "+-----------------------------------------+------------------------+----------------------+"
+    full = "+" + "-" * 89 + "+"
+    out = [time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)) + "       ", full,
+           "| NVIDIA-SMI %-23sDriver Version: %-15sCUDA Version: %-9s|" % (DRIVER_VERSION, DRIVER_VERSION,
+                                                                          CUDA_VERSION),
+           sep,
+           "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
+           "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
+           "|                                         |                        |               MIG M. |",
+           "|=========================================+========================+======================|"]
+    for g in gpus:
+        temp = _gpu_value("temperature.gpu", g, host_dir, now)[0]
+        power = int(float(_gpu_value("power.draw", g, host_dir, now)[0]))
+        left = "%4d  %s" % (g["index"], GPU_NAME)
+        out.append("|" + left + " " * (41 - len(left) - 4) + "On  |" + "%19s Off " % g["pci_bus_id"] +
+                   "|" + "%21s " % "0" + "|")
+        out.append("| N/A %4sC %5s %14sW / %4dW |%8dMiB / %6dMiB |%7d%%%13s |" % (
+            temp, "P0", power, int(POWER_LIMIT_W), g["used_mib"], MEMORY_TOTAL_MIB, g["util"], "Default"))
+        out.append("|                                         |                        |%21s |" % "Disabled")
+        out.append(sep)
+    out += ["", full,
+            "| Processes:                                                                              |",
+            "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
+            "|        ID   ID                                                               Usage      |",
+            "|" + "=" * 89 + "|"]
+    apps = [(g, a) for g in gpus for a in g["apps"]]
+    if not apps:
+        out.append("|  No running processes found" + " " * 61 + "|")
+    for g, a in apps:
+        name = a["name"]
+        if len(name) > 37:
+            name = "..." + name[-34:]
+        out.append("|  %3d   N/A  N/A %15d      C   %-37s%6dMiB |" % (g["index"], a["pid"], name, a["used_mib"]))
+    out.append(full)
+    return "".join(line + "\n" for line in out)
+
+
+def _usage():
+    return ("NVIDIA System Management Interface -- v%s (gpufleet lab simulator)\n\n"
+            "Supported: nvidia-smi [-i ID] [-L] [--query-gpu=F --format=csv[,noheader][,nounits]]\n"
+            "           [--query-compute-apps=F --format=...] [--help-query-gpu] [--help-query-compute-apps]\n"
+            % DRIVER_VERSION)
+
+
+def run(argv, host_dir, now=None):
+    """Run the simulated nvidia-smi; returns (stdout text, rc). Never raises for bad input."""
+    now = time.time() if now is None else now
+    opts = {}
+    i = 0
+    try:
+        while i < len(argv):
+            a = argv[i]
+            if "=" in a and a.startswith("--"):
+                k, v = a.split("=", 1)
+                opts[k] = v
+            elif a in ("-i", "--id", "-f", "--filename"):
+                if i + 1 >= len(argv):
+                    raise SmiError('Option "%s" requires a value.\n\n%s' % (a, _usage()), 2)
+                opts[{"-i": "--id", "-f": "--filename"}.get(a, a)] = argv[i + 1]
+                i += 1
+            elif a.startswith("-i") and len(a) > 2:
+                opts["--id"] = a[2:]
+            elif a in ("-L", "--list-gpus", "-q", "--query", "-x", "--xml-format", "--help-query-gpu",
+                       "--help-query-compute-apps", "-h", "--help"):
+                opts[a] = True
+            else:
+                raise SmiError('Invalid combination of input arguments. Please run \'nvidia-smi -h\' for help.\n\n', 2)
+            i += 1
+        if "-h" in opts or "--help" in opts:
+            return _usage(), 0
+        if "--help-query-gpu" in opts:
+            with open(os.path.join(_DATA, "help-query-gpu.txt")) as fh:
+                return fh.read(), 0
+        if "--help-query-compute-apps" in opts:
+            with open(os.path.join(_DATA, "help-query-compute-apps.txt")) as fh:
+                return fh.read(), 0
+        gpus = _select(gpu_snapshot(host_dir, now), opts.get("--id"))
+        if "--query-gpu" in opts or "--query-compute-apps" in opts:
+            if "--format" not in opts:
+                raise SmiError('"--format" option is required with "--query-*" options.\n\n', 2)
+            if "--query-gpu" in opts:
+                return query_gpu(gpus, opts["--query-gpu"], opts["--format"], host_dir, now), 0
+            return query_apps(gpus, opts["--query-compute-apps"], opts["--format"], now), 0
+        if "-L" in opts or "--list-gpus" in opts:
+            return list_gpus(gpus), 0
+        if "-q" in opts or "--query" in opts:
+            raise SmiError("-q is not simulated by the gpufleet lab; use --query-gpu.\n", 2)
+        return table(gpus, now, host_dir), 0
+    except SmiError as exc:
+        return exc.text, exc.rc
+
+
+def find_host_dir():
+    """The lab host directory of this process: $GPUFLEET_LAB_HOST_DIR, else the marker in /dev."""
+    d = os.environ.get(HOST_DIR_ENV)
+    if d:
+        return d
+    try:
+        with open("/dev/.gpufleet-lab-host") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def main(argv=None, host_dir=None):
+    host_dir = host_dir or find_host_dir()
+    if not host_dir:
+        sys.stdout.write("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+                         "Make sure that the latest NVIDIA driver is installed and running.\n\n")
+        return 9
+    text, rc = run(sys.argv[1:] if argv is None else argv, host_dir)
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,639 @@
+#!/usr/bin/env python3
+"""The gpufleet lab: N simulated 8×H200 hosts on this machine, reachable by Ansible over real SSH.
+
+    lab.py up     --hosts N --sglang-version V --lab-dir DIR [--inventory-dir D]
+    lab.py down   --lab-dir DIR
+    lab.py status --lab-dir DIR
+    lab.py exec   --lab-dir DIR HOST -- ARGV...
+    lab.py fault  --lab-dir DIR HOST|all KNOB=VALUE... [--clear]
+
+Needs root, iproute2, util-linux (nsenter) and OpenSSH's sshd. Everything the lab makes is named after a tag
+derived from the absolute lab dir (bridge ``gfl<tag>``, network namespaces ``gfl-<tag>-NN``, subnet
+10.213.K.0/24 with K chosen free), so labs with different ``--lab-dir`` coexist. See tests/lab/README.md.
+"""
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import venv
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import gpusim  # noqa: E402
+import nsutil  # noqa: E402
+
+DEFAULT_LAB_DIR = os.path.join(ROOT, ".lab")
+DEFAULT_INVENTORY_DIR = os.path.join(ROOT, "inventory", "lab")
+CACHE = os.environ.get("GPUFLEET_CACHE", os.path.join(ROOT, ".cache"))
+GLOBAL_LOCK = "/run/gpufleet-lab.lock"
+SUBNET_PREFIX = "10.213"
+STANDIN = os.path.join(HERE, "standin", "sglang_standin.py")
+TARGET_MODEL = "Llama-3.3-70B-Instruct"
+DRAFT_MODEL = "EAGLE3-LLaMA3.3-Instruct-70B"
+NCCL_ENV = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+            "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+DEP_NAMES = ("psutil", "nvidia-ml-py", "setproctitle")
+FAULT_KNOBS = {
+    "worker_ignores_sigterm": "stand-in TP workers ignore SIGTERM (bool)",
+    "memory_never_released": "gpusimd keeps memory of dead holders until cleared (bool)",
+    "release_delay_ms": "ms between a holder's death and its memory being free (int, default 150)",
+    "slow_load_s": "seconds the stand-in 'loads' before HTTP comes up (float, default 1)",
+    "crash_on_start": "stand-in exits 1 after loading, before HTTP (bool)",
+    "orphan_worker": "TP rank whose worker detaches to PID 1 of the host, outside the process group (int|true=7)",
+    "port_held": "a stray listener holds this port on the host (int|true=30000)",
+    "stale_shm": "stale /dev/shm segments nccl-*, sgl_shm_1, cuda.shm.0 (bool|MiB per file)",
+    "tokens_per_s": "stand-in /generate speed (float, default 120)",
+    "worker_mib": "MiB each stand-in TP worker holds (int, default 120000)",
+}
+
+
+class LabError(Exception):
+    pass
+
+
+def die(msg):
+    sys.stderr.write("lab: %s\n" % msg)
+    sys.exit(1)
+
+
+def log(msg):
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
+
+
+def run(argv, **kw):
+    kw.setdefault("check", True)
+    env = dict(os.environ, LC_ALL="C")
+    try:
+        return subprocess.run(argv, env=env, **kw)
+    except subprocess.CalledProcessError as exc:
+        raise LabError("command failed (rc %s): %s\n%s" % (exc.returncode, " ".join(argv),
+                                                          (exc.stderr or b"").decode(errors="replace")))
+
+
+# ---------------------------------------------------------------------------------------------------
+# naming
+# ---------------------------------------------------------------------------------------------------
+class Names:
+    def __init__(self, lab_dir):
+        self.lab_dir = os.path.realpath(lab_dir)
+        self.tag = hashlib.sha1(self.lab_dir.encode()).hexdigest()[:5]
+        self.bridge = "gfl" + self.tag
+        self.netns_prefix = "gfl-%s-" % self.tag
+        self.run_dir = "/run/gpufleet-lab-%s" % self.tag
+
+    def netns(self, i):
+        return "%s%02d" % (self.netns_prefix, i)
+
+    def veth(self, i):
+        return "gfl%sv%02d" % (self.tag, i)
+
+    @staticmethod
+    def host(i):
+        return "gpu-lab-%02d" % i
+
+    def host_dir(self, i):
+        return os.path.join(self.lab_dir, "hosts", self.host(i))
+
+    @property
+    def state_file(self):
+        return os.path.join(self.lab_dir, "lab.json")
+
+
+def load_state(names):
+    try:
+        with open(names.state_file) as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def save_state(names, state):
+    gpusim.write_json_atomic(names.state_file, state)
+
+
+def host_entry(state, host):
+    want = "gpu-lab-%02d" % int(host) if str(host).isdigit() else host
+    for h in state["hosts"]:
+        if h["name"] == want:
+            return h
+    raise LabError("no host %r in this lab (hosts: %s)" % (host, ", ".join(h["name"] for h in state["hosts"])))
+
+
+# ---------------------------------------------------------------------------------------------------
+# up
+# ---------------------------------------------------------------------------------------------------
+def used_subnets():
+    out = run(["ip", "-o", "-4", "addr", "show"], capture_output=True).stdout.decode()
+    found = set()
+    for m in re.finditer(r"inet (\d+)\.(\d+)\.(\d+)\.\d+/", out):
+        if "%s.%s" % (m.group(1), m.group(2)) == SUBNET_PREFIX:
+            found.add(int(m.group(3)))
+    return found
+
+
+def pick_subnet(tag):
+    used = used_subnets()
+    start = int(tag, 16) % 200 + 20
+    for k in list(range(start, 251)) + list(range(20, start)):
+        if k not in used:
+            return k
+    raise LabError("no free %s.K.0/24 subnet left (all of 20..250 in use by other labs)" % SUBNET_PREFIX)
+
+
+def pinned_deps():
+    pins = {}
+    try:
+        with open(os.path.join(ROOT, "requirements", "controller.txt")) as fh:
+            for line in fh:
+                m = re.match(r"^([A-Za-z0-9_.-]+)==(\S+)", line.strip())
+                if m:
+                    pins[m.group(1).lower()] = m.group(2)
+    except OSError:
+        pass
+    return ["%s==%s" % (n, pins[n]) if n in pins else n for n in DEP_NAMES]
+
+
+def ensure_deps():
+    """Shared dir with psutil, nvidia-ml-py, setproctitle for every host venv (pip --target, once)."""
+    tag = "py%d%d" % sys.version_info[:2]
+    dest = os.path.join(CACHE, "lab-deps", tag)
+    marker = os.path.join(dest, ".complete")
+    if os.path.exists(marker):
+        return dest
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with open(dest + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(marker):
+            shutil.rmtree(dest, ignore_errors=True)
+            argv = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                    "--target", dest] + pinned_deps()
+            proc = subprocess.run(argv, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise LabError("could not install the lab's host packages: %s\n%s" % (" ".join(argv),
+                                                                                       proc.stderr[-2000:]))
+            with open(marker, "w") as fh:
+                fh.write(" ".join(pinned_deps()) + "\n")
+    return dest
+
+
+def sglang_release_dir(version):
+    """Directory holding the extracted ``sglang/`` and its dist-info of a real release (overlay lower)."""
+    from support.sglang_wheels import sglang_package_dir
+    return os.path.dirname(str(sglang_package_dir(version)))
+
+
+def make_host_files(names, i, k, version, lower, deps, base_python, release_delay_ms, shm_mib):
+    name = names.host(i)
+    hdir = names.host_dir(i)
+    for sub in ("ssh", "bin", "gpu", "run", "state", "overlay/upper", "overlay/work", "models"):
+        os.makedirs(os.path.join(hdir, sub), exist_ok=True)
+    ip = "%s.%d.%d" % (SUBNET_PREFIX, k, i)
+    host = {"name": name, "index": i, "ip": ip, "ip_cidr": ip + "/24", "netns": names.netns(i),
+            "veth": names.veth(i), "dir": hdir, "authorized_keys": os.path.join(names.lab_dir, "ssh",
+                                                                               "authorized_keys"),
+            "release_delay_ms": release_delay_ms, "shm_mib": shm_mib, "sglang_version": version}
+    # venv without pip; sglang comes in through the overlay, the shared deps through a .pth
+    vdir = os.path.join(hdir, "venv")
+    venv.EnvBuilder(symlinks=True, with_pip=False, clear=True).create(vdir)
+    pyver = "python%d.%d" % sys.version_info[:2]
+    site = os.path.join(vdir, "lib", pyver, "site-packages")
+    with open(os.path.join(hdir, "overlay", "upper", "gpufleet-lab-deps.pth"), "w") as fh:
+        fh.write(deps + "\n")
+    nsutil.mount("overlay", site, "overlay", 0, "lowerdir=%s,upperdir=%s,workdir=%s" % (
+        lower, os.path.join(hdir, "overlay", "upper"), os.path.join(hdir, "overlay", "work")))
+    host["python"] = os.path.join(vdir, "bin", "python")
+    host["site_packages"] = site
+    smi = os.path.join(hdir, "bin", "nvidia-smi")
+    with open(smi, "w") as fh:
+        fh.write("#!%s -I\n# gpufleet lab: simulated nvidia-smi of %s\nimport sys\nsys.path.insert(0, %r)\n"
+                 "import gpusim\nsys.exit(gpusim.main(host_dir=%r))\n" % (base_python, name, HERE, hdir))
+    os.chmod(smi, 0o755)
+    for model in (TARGET_MODEL, DRAFT_MODEL):
+        mdir = os.path.join(hdir, "models", model)
+        os.makedirs(mdir, exist_ok=True)
+        with open(os.path.join(mdir, "config.json"), "w") as fh:
+            json.dump({"architectures": ["LlamaForCausalLM" if model == TARGET_MODEL else "LlamaForCausalLMEagle3"],
+                       "model_type": "llama", "_gpufleet_lab": "fake model directory"}, fh)
+    with open(os.path.join(hdir, "faults.json"), "w") as fh:
+        fh.write("{}\n")
+    with open(os.path.join(hdir, "host.json"), "w") as fh:
+        json.dump(host, fh, indent=1)
+    return host
+
+
+def wait_ssh(hosts, timeout_s=30):
+    deadline = time.time() + timeout_s
+    pending = list(hosts)
+    while pending:
+        still = []
+        for h in pending:
+            try:
+                with socket.create_connection((h["ip"], 22), timeout=1) as s:
+                    s.settimeout(2)
+                    if not s.recv(64).startswith(b"SSH-"):
+                        still.append(h)
+            except OSError:
+                still.append(h)
+        pending = still
+        if pending:
+            if time.time() > deadline:
+                raise LabError("sshd did not answer on %s (see <host dir>/ssh/sshd.log)" % ", ".join(
+                    h["name"] for h in pending))
+            time.sleep(0.1)
+
+
+def inventory_docs(names, state, inventory_dirs):
+    hosts = {}
+    for h in state["hosts"]:
+        mdir = os.path.join(h["dir"], "models")
+        hosts[h["name"]] = {
+            "ansible_host": h["ip"],
+            "ansible_python_interpreter": h["python"],
+            "sglang_python": h["python"],
+            "sglang_launcher": [h["python"], STANDIN],
+            "sglang_state_dir": os.path.join(h["dir"], "state"),
+            "sglang_launch_args": {
+                "model-path": os.path.join(mdir, TARGET_MODEL),
+                "speculative-draft-model-path": os.path.join(mdir, DRAFT_MODEL),
+                "tp-size": 8,
+                "speculative-algorithm": "EAGLE3",
+                "speculative-num-steps": 3,
+                "speculative-eagle-topk": 1,
+                "speculative-num-draft-tokens": 4,
+                "trust-remote-code": True,
+            },
+            "lab_host_dir": h["dir"],
+        }
+    group_vars = {
+        "ansible_user": "root",
+        "ansible_ssh_private_key_file": os.path.join(names.lab_dir, "ssh", "id_ed25519"),
+        # host key checking stays on: the lab's own known_hosts holds every host's key
+        "ansible_ssh_common_args": "-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes"
+                                   % os.path.join(names.lab_dir, "ssh", "known_hosts"),
+        # per-lab ControlMaster sockets: a torn-down lab's masters are never reused by the next one
+        "ansible_control_path_dir": os.path.join(names.run_dir, "cp"),
+        "sglang_launch_method": "process",
+        "sglang_port": 30000,
+        "sglang_host": "127.0.0.1",
+        "sglang_nccl_env": dict(NCCL_ENV),
+        "lab_dir": names.lab_dir,
+        "lab_sglang_version": state["sglang_version"],
+    }
+    hosts_doc = {"all": {"children": {"gpu_hosts": {"hosts": hosts}}}}
+    header = "# Generated by tests/lab/lab.py up (lab dir %s); rewritten on every lab up.\n" % names.lab_dir
+    for d in inventory_dirs:
+        os.makedirs(os.path.join(d, "group_vars"), exist_ok=True)
+        _write_yaml(os.path.join(d, "hosts.yml"), hosts_doc, header)
+        _write_yaml(os.path.join(d, "group_vars", "gpu_hosts.yml"), group_vars, header)
+
+
+def _write_yaml(path, doc, header):
+    try:
+        import yaml
+        text = yaml.safe_dump(doc, default_flow_style=False, sort_keys=False)
+    except ImportError:  # JSON is YAML
+        text = json.dumps(doc, indent=2) + "\n"
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(header + text)
+    os.replace(tmp, path)
+
+
+def mem_used_mib():
+    info = {}
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            k, v = line.split(":", 1)
+            info[k] = int(v.split()[0])
+    return (info["MemTotal"] - info["MemAvailable"]) // 1024
+
+
+def cmd_up(args):
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (network namespaces, mounts, sshd); run as root")
+    for tool in ("/usr/sbin/sshd", shutil.which("ip"), shutil.which("ssh-keygen"), shutil.which("nsenter")):
+        if not tool or not os.path.exists(tool):
+            raise LabError("missing %s: run `make setup` (installs openssh-server, iproute2)" % (tool or "a tool"))
+    if not 1 <= args.hosts <= 250:
+        raise LabError("--hosts must be 1..250")
+    names = Names(args.lab_dir)
+    if load_state(names) or os.path.isdir(os.path.join(names.lab_dir, "hosts")):
+        log("lab: tearing down the existing lab in %s first" % names.lab_dir)
+        cmd_down(args)
+    t0 = time.time()
+    mem0 = mem_used_mib()
+    os.makedirs(names.lab_dir, exist_ok=True)
+    os.makedirs(os.path.join(names.lab_dir, "ssh"), exist_ok=True)
+    os.makedirs(names.run_dir, exist_ok=True)
+    os.makedirs(os.path.join(names.run_dir, "cp"), exist_ok=True)
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    deps = ensure_deps()
+    lower = sglang_release_dir(args.sglang_version)
+    t_cache = time.time()
+    inventory_dirs = [os.path.join(names.lab_dir, "inventory")]
+    if args.inventory_dir:
+        inventory_dirs.append(os.path.abspath(args.inventory_dir))
+    elif names.lab_dir == os.path.realpath(DEFAULT_LAB_DIR):
+        inventory_dirs.append(DEFAULT_INVENTORY_DIR)
+    with open(GLOBAL_LOCK, "w") as lock:
+        # two labs coming up at once must not pick the same subnet
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        k = pick_subnet(names.tag)
+        state = {"lab_dir": names.lab_dir, "tag": names.tag, "bridge": names.bridge, "subnet": "%s.%d.0/24" % (
+            SUBNET_PREFIX, k), "k": k, "sglang_version": args.sglang_version, "hosts": [],
+            "inventory_dirs": inventory_dirs, "created": time.time(), "complete": False}
+        save_state(names, state)
+        batch = ["link add %s type bridge" % names.bridge,
+                 "addr add %s.%d.254/24 dev %s" % (SUBNET_PREFIX, k, names.bridge),
+                 "link set %s up" % names.bridge]
+        for i in range(1, args.hosts + 1):
+            batch += ["netns add %s" % names.netns(i),
+                      "link add %s type veth peer name eth0 netns %s" % (names.veth(i), names.netns(i)),
+                      "link set %s master %s up" % (names.veth(i), names.bridge)]
+        run(["ip", "-batch", "-"], input="\n".join(batch).encode() + b"\n", capture_output=True)
+    t_net = time.time()
+    key = os.path.join(names.lab_dir, "ssh", "id_ed25519")
+    if not os.path.exists(key):
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpufleet-lab", "-f", key], capture_output=True)
+    shutil.copyfile(key + ".pub", os.path.join(names.lab_dir, "ssh", "authorized_keys"))
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    keygens = []
+    for i in range(1, args.hosts + 1):
+        hkey = os.path.join(names.host_dir(i), "ssh", "ssh_host_ed25519_key")
+        os.makedirs(os.path.dirname(hkey), exist_ok=True)
+        keygens.append(subprocess.Popen(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", names.host(i),
+                                         "-f", hkey], stdout=subprocess.DEVNULL))
+    hosts = []
+    for i in range(1, args.hosts + 1):
+        hosts.append(make_host_files(names, i, k, args.sglang_version, lower, deps, base_python,
+                                     args.release_delay_ms, args.shm_mib))
+        state["hosts"] = hosts
+    save_state(names, state)
+    for p in keygens:
+        if p.wait() != 0:
+            raise LabError("ssh-keygen failed for a host key")
+    t_files = time.time()
+    inits = [(h, subprocess.Popen([sys.executable, os.path.join(HERE, "host_init.py"), h["dir"]],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True))
+             for h in hosts]
+    errors = []
+    for h, p in inits:
+        out, err = p.communicate()
+        if p.returncode != 0:
+            errors.append("%s: %s" % (h["name"], err.decode(errors="replace").strip()))
+        else:
+            h["init_pid"] = int(out.decode().split()[-1])
+    save_state(names, state)
+    if errors:
+        raise LabError("hosts failed to start:\n  " + "\n  ".join(errors))
+    with open(os.path.join(names.lab_dir, "ssh", "known_hosts"), "w") as fh:
+        for h in hosts:
+            with open(os.path.join(h["dir"], "ssh", "ssh_host_ed25519_key.pub")) as pub:
+                kt, kb = pub.read().split()[:2]
+            fh.write("%s %s %s\n" % (h["ip"], kt, kb))
+    wait_ssh(hosts)
+    t_ssh = time.time()
+    inventory_docs(names, state, inventory_dirs)
+    state["complete"] = True
+    state["up_seconds"] = round(time.time() - t0, 2)
+    save_state(names, state)
+    log("lab up: %d hosts in %.1f s (caches %.1f s, network %.1f s, host files+venvs %.1f s, "
+        "namespaces+sshd %.1f s); memory in use %+d MiB; subnet %s, bridge %s"
+        % (args.hosts, time.time() - t0, t_cache - t0, t_net - t_cache, t_files - t_net, t_ssh - t_files,
+           mem_used_mib() - mem0, state["subnet"], names.bridge))
+    log("inventory: %s" % ", ".join(os.path.join(d, "hosts.yml") for d in inventory_dirs))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# down
+# ---------------------------------------------------------------------------------------------------
+def _cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
+def lab_init_pids(names):
+    """Root-namespace pids of this lab's host init processes (found by their command line)."""
+    pids = []
+    marker = os.path.join(names.lab_dir, "hosts") + "/"
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            cl = _cmdline(int(entry))
+            if cl and ("host_init.py" in cl or "gpufleet-lab-init" in cl) and marker in cl:
+                pids.append(int(entry))
+    return pids
+
+
+def _lab_init_of(names, pid):
+    cl = _cmdline(pid)
+    return bool(cl and ("host_init.py" in cl or "gpufleet-lab-init" in cl)
+                and (os.path.join(names.lab_dir, "hosts") + "/") in cl)
+
+
+def cmd_down(args):
+    names = Names(args.lab_dir)
+    state = load_state(names) or {}
+    pids = {h.get("init_pid") for h in state.get("hosts", []) if h.get("init_pid")}
+    pids = {p for p in pids if _lab_init_of(names, p)} | set(lab_init_pids(names))
+    # Each host's processes live in a PID namespace whose init we started: killing that init makes the
+    # kernel kill everything in the namespace (and nothing else).
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.time() + 10
+    while any(os.path.exists("/proc/%d" % p) and _lab_init_of(names, p) for p in pids) and time.time() < deadline:
+        time.sleep(0.05)
+    for mp in nsutil.mounts_under(names.lab_dir):
+        try:
+            nsutil.umount(mp, nsutil.MNT_DETACH)
+        except OSError as exc:
+            log("lab: could not unmount %s: %s" % (mp, exc))
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    netns = [line.split()[0] for line in out.splitlines() if line.startswith(names.netns_prefix)]
+    batch = ["netns del %s" % n for n in netns]
+    batch += ["link del %s" % os.path.basename(p) for p in
+              sorted(__import__("glob").glob("/sys/class/net/gfl%sv*" % names.tag))]
+    if os.path.exists("/sys/class/net/%s" % names.bridge):
+        batch.append("link del %s" % names.bridge)
+    if batch:
+        subprocess.run(["ip", "-force", "-batch", "-"], input="\n".join(batch).encode() + b"\n",
+                       capture_output=True)
+    if os.path.isdir(names.lab_dir):
+        for entry in os.listdir(names.lab_dir):
+            if entry == "cache":
+                continue
+            path = os.path.join(names.lab_dir, entry)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+    shutil.rmtree(names.run_dir, ignore_errors=True)
+    inv_dirs = state.get("inventory_dirs") or ([DEFAULT_INVENTORY_DIR]
+                                               if names.lab_dir == os.path.realpath(DEFAULT_LAB_DIR) else [])
+    for d in inv_dirs:
+        for rel in ("hosts.yml", os.path.join("group_vars", "gpu_hosts.yml")):
+            try:
+                os.unlink(os.path.join(d, rel))
+            except FileNotFoundError:
+                pass
+        try:
+            os.rmdir(os.path.join(d, "group_vars"))
+        except OSError:
+            pass
+    log("lab down: %s (%d hosts stopped, %d network namespaces removed)" % (names.lab_dir, len(pids), len(netns)))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# exec, status, fault
+# ---------------------------------------------------------------------------------------------------
+def require_state(names):
+    state = load_state(names)
+    if not state or not state.get("hosts"):
+        raise LabError("no lab in %s: run `lab.py up --lab-dir %s` first" % (names.lab_dir, names.lab_dir))
+    return state
+
+
+def exec_argv(host, argv, env=None):
+    """nsenter argv that runs ``argv`` inside a host (its net, mount, PID, UTS and IPC namespaces)."""
+    if not host.get("init_pid"):
+        raise LabError("host %s has no running init" % host["name"])
+    envs = {"PATH": os.path.join(host["dir"], "bin") + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            gpusim.HOST_DIR_ENV: host["dir"], "HOME": "/root", "LC_ALL": "C"}
+    envs.update(env or {})
+    return (["nsenter", "-t", str(host["init_pid"]), "-n", "-m", "-p", "-u", "-i", "--", "env", "-i"]
+            + ["%s=%s" % kv for kv in envs.items()] + list(argv))
+
+
+def cmd_exec(args):
+    names = Names(args.lab_dir)
+    state = require_state(names)
+    host = host_entry(state, args.host)
+    argv = args.argv[1:] if args.argv and args.argv[0] == "--" else args.argv
+    if not argv:
+        raise LabError("nothing to run: lab.py exec HOST -- ARGV...")
+    return subprocess.call(exec_argv(host, argv))
+
+
+def _pidns(pid):
+    try:
+        return os.readlink("/proc/%d/ns/pid" % pid)
+    except OSError:
+        return None
+
+
+def cmd_status(args):
+    names = Names(args.lab_dir)
+    state = require_state(names)
+    ns_of = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            ns_of.setdefault(_pidns(int(entry)), []).append(int(entry))
+    log("lab %s: %d hosts, subnet %s, bridge %s, sglang %s" % (names.lab_dir, len(state["hosts"]), state["subnet"],
+                                                                names.bridge, state["sglang_version"]))
+    for h in state["hosts"]:
+        pid = h.get("init_pid")
+        alive = bool(pid and _lab_init_of(names, pid))
+        procs = len(ns_of.get(_pidns(pid), [])) if alive else 0
+        gpus = gpusim.gpu_snapshot(h["dir"])
+        used = sum(g["used_mib"] for g in gpus)
+        faults = gpusim.read_json(os.path.join(h["dir"], "faults.json"), {})
+        log("  %-11s %-15s %-5s procs=%-3d gpu_used=%7d MiB  faults=%s" % (
+            h["name"], h["ip"], "up" if alive else "DOWN", procs, used, json.dumps(faults, sort_keys=True)))
+    return 0
+
+
+def parse_knob(text):
+    if "=" not in text:
+        raise LabError("fault knobs are KNOB=VALUE (known: %s)" % ", ".join(sorted(FAULT_KNOBS)))
+    k, v = text.split("=", 1)
+    if k not in FAULT_KNOBS:
+        raise LabError("unknown fault knob %r; known knobs:\n  %s" % (k, "\n  ".join(
+            "%s: %s" % kv for kv in sorted(FAULT_KNOBS.items()))))
+    if v == "":
+        return k, None
+    try:
+        return k, json.loads(v)
+    except ValueError:
+        return k, v
+
+
+def set_faults(host, knobs, clear=False):
+    """Merge ``knobs`` into HOST_DIR/faults.json (None removes a knob) and tell the host's init (SIGHUP)."""
+    path = os.path.join(host["dir"], "faults.json")
+    faults = {} if clear else gpusim.read_json(path, {})
+    for k, v in knobs.items():
+        if v is None or v is False:
+            faults.pop(k, None)
+        else:
+            faults[k] = v
+    gpusim.write_json_atomic(path, faults)
+    if host.get("init_pid"):
+        try:
+            os.kill(host["init_pid"], signal.SIGHUP)
+        except ProcessLookupError:
+            pass
+    return faults
+
+
+def cmd_fault(args):
+    names = Names(args.lab_dir)
+    state = require_state(names)
+    knobs = dict(parse_knob(t) for t in args.knobs)
+    targets = state["hosts"] if args.host == "all" else [host_entry(state, args.host)]
+    for h in targets:
+        faults = set_faults(h, knobs, clear=args.clear)
+        log("%s faults: %s" % (h["name"], json.dumps(faults, sort_keys=True)))
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def common(sp):
+        sp.add_argument("--lab-dir", default=DEFAULT_LAB_DIR, help="lab state directory (default .lab)")
+        return sp
+
+    up = common(sub.add_parser("up", help="bring up N hosts (an existing lab in the dir is torn down first)"))
+    up.add_argument("--hosts", type=int, default=8)
+    up.add_argument("--sglang-version", default="0.5.23")
+    up.add_argument("--inventory-dir", help="also write the inventory here (default: inventory/lab for .lab)")
+    up.add_argument("--release-delay-ms", type=int, default=150,
+                    help="default delay between a GPU holder's death and its memory being free")
+    up.add_argument("--shm-mib", type=int, default=1024, help="size of each host's /dev/shm tmpfs")
+    common(sub.add_parser("down", help="stop and remove everything the lab made"))
+    common(sub.add_parser("status", help="one line per host"))
+    ex = common(sub.add_parser("exec", help="run a command inside a host: exec HOST -- ARGV..."))
+    ex.add_argument("host")
+    ex.add_argument("argv", nargs=argparse.REMAINDER)
+    fa = common(sub.add_parser("fault", help="set fault knobs: fault HOST|all KNOB=VALUE ... (VALUE empty clears)"))
+    fa.add_argument("host")
+    fa.add_argument("knobs", nargs="*")
+    fa.add_argument("--clear", action="store_true", help="drop all knobs before applying these")
+    args = p.parse_args(argv)
+    try:
+        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec, "fault": cmd_fault}[args.cmd](args)
+    except LabError as exc:
+        die(str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
