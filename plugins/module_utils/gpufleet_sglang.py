@@ -341,6 +341,19 @@ def locate_sglang(python=None, path=None, run=None):
             result["version"], result["version_source"] = read_sglang_version(package_dir)
         return result
 
+    result.update(locate_package(python, run=run))
+    result["path"] = find_set_envs_file(result["package_dir"])
+    return result
+
+
+def locate_package(python, run=None):
+    """The sglang package of interpreter ``python`` (str) and its release, without importing sglang.
+
+    ``run``: as for :func:`locate_sglang`. Returns a dict: ``package_dir`` (str), ``version`` and
+    ``version_source`` (str or None; files first, then ``importlib.metadata``), ``python_version`` (str).
+    Raises :class:`SGLangLocateError` (with ``rc``, ``stdout``, ``stderr`` when the interpreter failed) if the
+    interpreter cannot run or has no sglang package.
+    """
     run = run or _run_subprocess
     argv = locate_argv(python)
     rc, stdout, stderr = run(argv)
@@ -350,7 +363,6 @@ def locate_sglang(python=None, path=None, run=None):
         error.rc, error.stdout, error.stderr = rc, stdout, stderr
         raise error
     info = parse_locate_output(stdout)
-    result["python_version"] = info.get("python_version")
     locations = info.get("locations") or []
     if not locations:
         detail = info.get("error") or "importlib.util.find_spec('sglang') returned None"
@@ -360,10 +372,8 @@ def locate_sglang(python=None, path=None, run=None):
                                 "interpreter of the SGLang virtualenv."
                                 % (python, info.get("python_version") or "?", detail))
     package_dir = locations[0]
-    result["package_dir"] = package_dir
     version, source = read_sglang_version(package_dir)
     if not version and info.get("dist_version"):
         version, source = info["dist_version"], "importlib.metadata"
-    result["version"], result["version_source"] = version, source
-    result["path"] = find_set_envs_file(package_dir)
-    return result
+    return {"package_dir": package_dir, "version": version, "version_source": source,
+            "python_version": info.get("python_version")}

@@ -200,3 +200,28 @@ def test_managed_block_lines_found_absent_or_malformed():
     assert managed_block_lines(FUNCTION) is None
     with pytest.raises(SGLangLocateError, match=r"BEGIN on line\(s\) 9, END on line\(s\) none"):
         managed_block_lines(patched.replace(MANAGED_END, "# gone"))
+
+
+def test_locate_package_needs_no_set_envs_file(tmp_path, monkeypatch):
+    # preflight modules (sglang_server_args_info) only need the package and its release.
+    from ansible.module_utils.gpufleet_sglang import locate_package
+    site = tmp_path / "site"
+    pkg = make_package(site, {"srt/server.py": SHIM})
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    found = locate_package(sys.executable)
+    assert (found["package_dir"], found["version"]) == (str(pkg), "0.5.5")
+    with pytest.raises(SGLangLocateError, match="no file of sglang 0.5.5 defines"):
+        locate_sglang(python=sys.executable)
+
+
+def test_locate_falls_back_to_installed_metadata_version(tmp_path, monkeypatch):
+    # Editable installs: the package has no literal version and no dist-info beside it; the interpreter's
+    # importlib.metadata (a dist-info elsewhere on sys.path) names the release.
+    src = tmp_path / "src"
+    make_package(src, {"srt/entrypoints/engine.py": FUNCTION}, version_py=None)
+    meta_dir = tmp_path / "meta"
+    (meta_dir / "sglang-0.5.23.dist-info").mkdir(parents=True)
+    (meta_dir / "sglang-0.5.23.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(src), str(meta_dir)]))
+    found = locate_sglang(python=sys.executable)
+    assert (found["version"], found["version_source"]) == ("0.5.23", "importlib.metadata")
