@@ -12,7 +12,7 @@ description:
     C(memory_used_mib <= max_used_mib), and with I(require_no_processes) no compute process either.
     It fails after I(timeout_s).
   - One module call holds one backend session for the whole wait. NVML C(nvmlInit) runs once (about
-    8 ms), then each poll is an C(nvmlDeviceGetMemoryInfo) call (about 15 us per GPU). With nvidia-smi,
+    11 ms), then each poll is an C(nvmlDeviceGetMemoryInfo) call (about 5 us per GPU). With nvidia-smi,
     each poll is one C(nvidia-smi --query-gpu) run (about 30 ms). Ansible's C(until)/C(retries) loop
     would instead pay a full module round trip per poll.
   - On timeout the task fails with a message naming each GPU still over the limit. The message gives the
@@ -33,10 +33,12 @@ options:
   max_used_mib:
     description:
       - A GPU counts as free when its used memory (MiB, reserved memory excluded) is at most this.
-      - The default 1024 sits between the two recorded states on an H200 (driver 580.159). Idle, nvidia-smi
-        and NVML v2 show 0 MiB used, and NVML v1 shows 615 MiB because it counts the reserved memory.
-        A single worker holding a model or a CUDA context shows 31339 MiB. So a GPU
-        read through either memory API passes when idle, and any loaded model fails.
+      - The default 1024 sits between idle and loaded on an H200 (driver 580.159). Idle, nvidia-smi and NVML
+        v2 show 0 MiB used, and NVML v1 (the fallback for drivers without v2) shows 615 MiB because it
+        counts the reserved memory. A worker holding 20 GiB shows 21099 MiB and the recorded 30 GiB worker
+        31339 MiB. So an idle GPU passes through either memory API and a loaded model fails.
+      - A process that keeps only a CUDA context (torch 2.11, nothing allocated) shows 529 MiB and passes
+        this test. Add I(require_no_processes=true) to demand that no compute process is left at all.
     type: int
     default: 1024
   require_no_processes:
@@ -171,27 +173,37 @@ _CMDLINE_MAX = 160
 
 def _short(text, limit=_CMDLINE_MAX):
     if text is None:
-        return "?"
+        return "(command line not readable: process gone or outside this PID namespace)"
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _proc_text(p):
+    mem = " (%s MiB)" % p["used_memory_mib"] if p.get("used_memory_mib") is not None else ""
+    return "pid %d%s: %s" % (p["pid"], mem, _short(p.get("cmdline") or p.get("name")))
+
+
 def timeout_message(outcome, gpus, max_used_mib, timeout_s):
-    """Operator message for a timeout: each busy GPU, its MiB and its processes (pid, cmdline)."""
+    """Operator message for a timeout: each busy GPU, its MiB and its processes (pid, cmdline).
+
+    Processes the backend lists on that GPU (they own its memory) come first; processes that only have
+    its /dev/nvidia<N> open follow separately -- every CUDA process opens the node of every visible GPU,
+    and monitors hold them too, so they are candidates, not proven memory owners.
+    """
     parts = []
     for gpu in gpus:
         if gpu["free"]:
             continue
         procs = gpu.get("processes") or []
-        if procs:
-            held = "; ".join(
-                "pid %d%s: %s" % (p["pid"],
-                                  " (%s MiB)" % p["used_memory_mib"] if p.get("used_memory_mib") is not None else "",
-                                  _short(p.get("cmdline") or p.get("name")))
-                for p in procs)
+        owners = [p for p in procs if any(s != "proc_fd" for s in p.get("source", ()))]
+        others = [p for p in procs if p not in owners]
+        if owners:
+            held = "held by " + "; ".join(_proc_text(p) for p in owners)
         else:
-            held = ("no process found (none visible in this PID namespace: look on the host, or the driver "
-                    "has not released the memory yet)")
-        parts.append("GPU %d (%s): %s MiB used, held by %s" % (gpu["index"], gpu["uuid"], gpu["memory_used_mib"], held))
+            held = ("no compute process listed by %s (from a container without the host PID namespace, look on "
+                    "the host; or the driver has not finished releasing the memory)" % outcome.get("backend", "the backend"))
+        if others:
+            held += "; device also open in " + "; ".join(_proc_text(p) for p in others)
+        parts.append("GPU %d (%s): %s MiB used, %s" % (gpu["index"], gpu["uuid"], gpu["memory_used_mib"], held))
     return ("GPU memory not released after %s s (limit %d MiB used per GPU, %d polls). %s. "
             "Stop these processes (role sglang_stop, or kill the pids listed) and run again; "
             "raise timeout_s if the release is just slow."
@@ -226,6 +238,7 @@ def run_wait(backend, params, fallback_reason=None, exclude_pids=None):
     }
     if outcome["ready"]:
         return True, result, None
+    outcome["backend"] = backend.name
     return False, result, timeout_message(outcome, gpus, params["max_used_mib"], params["timeout_s"])
 
 

@@ -119,14 +119,16 @@ def cuda_version_text(value):
 
 
 def bytes_to_mib(value):
-    """Bytes -> MiB rounded to nearest, the rounding nvidia-smi applies to memory.* fields.
+    """Bytes -> MiB rounded up, the rounding nvidia-smi applies to memory.* fields, so both backends agree.
 
-    Recorded on H200 (driver 580.159): NVML v2 reserved floors to 615 MiB where nvidia-smi prints
-    memory.reserved 616, so nvidia-smi does not truncate. docs/benchmarks.md has the check on real GPUs.
+    Measured on 2x H200, driver 580.159.04 (docs/benchmarks.md): NVML v2 reserved 644,939,776 B
+    (615.06 MiB) is memory.reserved 616; used 22,123,773,952 B (21098.88 MiB) is memory.used 21099;
+    free 127,986,106,368 B (122057.06 MiB) is memory.free 122058. Rounding up also means a GPU with
+    any byte in use never reads 0.
     """
     if value is None:
         return None
-    return (int(value) + (MIB // 2)) // MIB
+    return -(-int(value) // MIB)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -188,8 +190,9 @@ def resolve_selectors(selectors, inventory):
 # NVML backend
 
 class NvmlBackend:
-    """GPU state through NVML (nvidia-ml-py). One ``nvmlInit`` per session (about 8 ms on H200), then
-    every query is a library call (``nvmlDeviceGetMemoryInfo`` about 15 us) -- cheap enough to poll."""
+    """GPU state through NVML (nvidia-ml-py). One ``nvmlInit`` per session (10.9 ms on 2x H200), then
+    every query is a library call (``nvmlDeviceGetMemoryInfo`` v2: 5 us) -- cheap enough to poll.
+    Figures: docs/benchmarks.md."""
 
     name = "nvml"
 
@@ -538,8 +541,8 @@ def _sysfs_minor(bus_id, driver_root="/proc/driver/nvidia/gpus"):
 
 
 class SmiBackend:
-    """GPU state through ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` (about 30 ms a call
-    on H200, the cost of each poll). ``runner(argv) -> (rc, stdout, stderr)`` runs it with LC_ALL=C."""
+    """GPU state through ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` (30.8 ms a call
+    on 2x H200, median; the cost of each poll). ``runner(argv) -> (rc, stdout, stderr)`` runs it with LC_ALL=C."""
 
     name = "nvidia-smi"
 
