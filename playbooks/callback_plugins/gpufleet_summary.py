@@ -1,0 +1,1 @@
+../../plugins/callback/gpufleet_summary.py
