@@ -189,6 +189,13 @@ values:
   returned: always
   type: dict
   sample: {"--model-path": "/models/m", "--tp-size": 8}
+dest_values:
+  description:
+    - The values given keyed by the option's argparse destination (the C(ServerArgs) field, for example
+      C(model_path) whether the flag was given as C(model-path), C(model) or an abbreviation).
+  returned: always
+  type: dict
+  sample: {"model_path": "/models/m", "tp_size": 8}
 argv:
   description:
     - The flags rendered as an argument list to follow the launcher prefix (C(sglang_launcher)), with
@@ -339,7 +346,7 @@ def main():
         source_files=files, style=style, mode_used=mode_used, option_count=len(options) + (
             0 if any("--help" in o["option_strings"] for o in options) else 1),
         valid=checked["valid"], errors=checked["errors"], flag_warnings=checked["warnings"],
-        resolved=checked["resolved"], values=checked["values"],
+        resolved=checked["resolved"], values=checked["values"], dest_values=checked["dest_values"],
         argv=checked["argv"] if checked["valid"] else [],
         options_unchecked=unchecked_options(options, checked["values"]),
     )

@@ -694,7 +694,8 @@ def check_launch_args(options, launch_args, host=None, port=None, allow_abbrev=T
     be in ``launch_args``.
 
     Returns ``{"valid": bool, "errors": [{"flag", "message"}], "warnings": [{"flag", "message"}],
-    "resolved": {given name: canonical option string}, "values": {canonical: value}, "argv": [str]}``.
+    "resolved": {given name: canonical option string}, "values": {canonical: value},
+    "dest_values": {argparse dest: value}, "argv": [str]}``.
     The canonical option string of a flag is the one argparse matches it to: the flag itself when the
     release defines it, else the one long option it abbreviates (``tp`` → ``--tp-size``); ``argv`` uses it.
     ``known_values`` maps a canonical option string to the upper-case names the release accepts beyond
@@ -702,7 +703,7 @@ def check_launch_args(options, launch_args, host=None, port=None, allow_abbrev=T
     errors there too.
     """
     index = _index(options)
-    errors, warnings, resolved, values, argv = [], [], {}, {}, []
+    errors, warnings, resolved, values, argv, dest_values = [], [], {}, {}, [], {}
     seen = {}
 
     def add_error(flag, message):
@@ -746,12 +747,12 @@ def check_launch_args(options, launch_args, host=None, port=None, allow_abbrev=T
                           % (canonical, value))
                 continue
             argv.append(canonical)
-            values[canonical] = True
+            values[canonical] = dest_values[option["dest"]] = True
             continue
         if value is True:
             if nargs == "?":
                 argv.append(canonical)
-                values[canonical] = True
+                values[canonical] = dest_values[option["dest"]] = True
                 continue
             add_error(flag, "%s expects a value%s; true would render it as a bare flag"
                       % (canonical, " (%s)" % option["type"] if option["type"] else ""))
@@ -790,7 +791,7 @@ def check_launch_args(options, launch_args, host=None, port=None, allow_abbrev=T
             rendered.append(text)
         if bad:
             continue
-        values[canonical] = value
+        values[canonical] = dest_values[option["dest"]] = value
         if repeated:
             for text in rendered:
                 argv.extend([canonical, text])
@@ -817,4 +818,4 @@ def check_launch_args(options, launch_args, host=None, port=None, allow_abbrev=T
             add_error(option["option_strings"][0], "the following arguments are required: %s"
                       % option["option_strings"][0])
     return {"valid": not errors, "errors": errors, "warnings": warnings, "resolved": resolved,
-            "values": values, "argv": argv}
+            "values": values, "dest_values": dest_values, "argv": argv}

@@ -390,6 +390,7 @@ def test_values_are_rendered_by_kind(add_argument_tree):
     assert result["resolved"]["model"] == "--model"
     assert sa.check_launch_args(static["options"], {"model-p": "/m"})["resolved"] == {"model-p": "--model-path"}
     assert result["values"]["--bs"] == [1, 2, 4]
+    assert result["dest_values"]["model_path"] == "/m" and result["dest_values"]["trust_remote_code"] is True
 
 
 @pytest.mark.parametrize("args,flag,fragment", [
