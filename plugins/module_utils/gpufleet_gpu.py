@@ -823,7 +823,7 @@ def wait_for_memory(backend, indices, max_used_mib, require_no_processes=False, 
             procs = backend.compute_processes(indices)
             busy = gpus_ready(mem, max_used_mib, procs)
         now = clock()
-        if not busy or now >= deadline:
+        if not busy or now >= deadline - 1e-6:  # tolerance: float sums of the period must not add a poll
             return {"ready": not busy, "elapsed_ms": int(round((now - start) * 1000)), "polls": polls,
                     "memory": mem, "processes": procs, "busy": busy}
         # Fixed cadence from each poll's start; a poll slower than the period is followed at once.

@@ -1,0 +1,118 @@
+"""Drive a gpufleet module's ``main()`` in-process, and a replaying ``nvidia-smi`` executable.
+
+ansible-core 2.19 changed how module arguments reach ``AnsibleModule``: ``basic._ANSIBLE_ARGS`` now needs a
+serialisation profile beside it, and ``ansible.module_utils.testing.patch_module_args`` does both. Older
+cores only need ``_ANSIBLE_ARGS``. :func:`module_args` picks whichever this core has.
+"""
+import contextlib
+import importlib.util
+import json
+import os
+import stat
+import sys
+
+from ansible.module_utils import basic
+
+try:
+    from ansible.module_utils.testing import patch_module_args
+except ImportError:  # ansible-core < 2.19
+    patch_module_args = None
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+UNIT_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class ModuleExit(Exception):
+    """Raised instead of exit_json/fail_json; ``.result`` holds the keyword arguments, ``.failed``."""
+
+    def __init__(self, result, failed):
+        super().__init__(result.get("msg", ""))
+        self.result = result
+        self.failed = failed
+
+
+@contextlib.contextmanager
+def module_args(args):
+    if patch_module_args is not None:
+        with patch_module_args(args):
+            yield
+    else:
+        old = basic._ANSIBLE_ARGS
+        basic._ANSIBLE_ARGS = json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()
+        try:
+            yield
+        finally:
+            basic._ANSIBLE_ARGS = old
+
+
+def load_module(name):
+    """Import library/<name>.py by path (modules are not a package)."""
+    spec = importlib.util.spec_from_file_location("gpufleet_test_" + name, os.path.join(ROOT, "library", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_main(monkeypatch, module, args):
+    """Run ``module.main()`` with ``args``; return ModuleExit (result + failed flag)."""
+
+    def exit_json(self, **kwargs):
+        # Round-trip through JSON as Ansible does: anything not serialisable (lone surrogates, sets) fails here.
+        raise ModuleExit(json.loads(json.dumps(kwargs)), False)
+
+    def fail_json(self, msg, **kwargs):
+        kwargs["msg"] = msg
+        kwargs.pop("exception", None)
+        raise ModuleExit(json.loads(json.dumps(kwargs, default=str)), True)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    with module_args(args):
+        try:
+            module.main()
+        except ModuleExit as done:
+            return done
+    raise AssertionError("module returned without exit_json/fail_json")
+
+
+def write_fake_smi(directory, state="loaded", apps_extra=(), fail=None, invalid_fields=()):
+    """Write an executable ``nvidia-smi`` into ``directory`` that replays the recordings (RecordedSmi).
+
+    ``apps_extra`` are raw compute-apps lines given as bytes (to emit invalid UTF-8 as a real driver
+    would for a process name). Returns the directory (prepend it to PATH).
+    """
+    path = os.path.join(str(directory), "nvidia-smi")
+    config = {"state": state, "apps_extra": [a.hex() for a in apps_extra], "fail": fail,
+              "invalid_fields": list(invalid_fields)}
+    script = """#!%(python)s
+import sys
+sys.path.insert(0, %(unit)r)
+from fake_pynvml import RecordedSmi
+cfg = %(cfg)r
+smi = RecordedSmi(state=cfg["state"], fail=cfg["fail"], invalid_fields=cfg["invalid_fields"])
+rc, out, err = smi(sys.argv)
+data = out.encode()
+if sys.argv[1:2] and sys.argv[1].startswith("--query-compute-apps"):
+    data += b"".join(bytes.fromhex(h) + b"\\n" for h in cfg["apps_extra"])
+sys.stdout.buffer.write(data)
+sys.stderr.write(err)
+sys.exit(rc)
+""" % {"python": sys.executable, "unit": UNIT_DIR, "cfg": config}
+    with open(path, "w") as fh:
+        fh.write(script)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(directory)
+
+
+def recorded_process_info():
+    """``{pid: process_info dict}`` from recordings loaded-proc.txt (the real worker command lines)."""
+    from fake_pynvml import recording
+    out = {}
+    for line in recording("loaded-proc.txt").splitlines():
+        head, _, cmd = line.partition(" cmdline=")
+        parts = head.split()
+        pid = int(parts[1])
+        name = parts[2].split("=", 1)[1]
+        out[pid] = {"pid": pid, "ppid": 1, "pgid": pid, "name": name, "cmdline": cmd.strip().split(" "),
+                    "user": "root", "create_time": 0.0}
+    return out

@@ -1,0 +1,142 @@
+"""gpufleet_procs: the /proc fd scan and process descriptions, on real processes of this machine."""
+import getpass
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible.module_utils import gpufleet_procs as P
+
+HOLDER = r"""
+import os, sys, time
+fds = [os.open(p, os.O_RDONLY) for p in sys.argv[1:] if os.path.isabs(p)]
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def fake_dev(tmp_path):
+    """A directory standing in for /dev with nvidia0, nvidia1, nvidiactl, nvidia-uvm (regular files)."""
+    d = tmp_path / "dev"
+    d.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "other"):
+        (d / name).write_text("")
+    return d
+
+
+def start_holder(paths, argv_extra=()):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER] + [str(p) for p in paths] + list(argv_extra),
+                            stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"
+    return proc
+
+
+def stop(proc):
+    proc.kill()
+    proc.wait()
+
+
+def test_find_device_holders_finds_a_process_holding_device_files(fake_dev):
+    proc = start_holder([fake_dev / "nvidia1", fake_dev / "nvidiactl", fake_dev / "other"])
+    try:
+        holders = P.find_device_holders(glob=str(fake_dev / "nvidia*"))
+    finally:
+        stop(proc)
+    assert holders[proc.pid] == sorted([str(fake_dev / "nvidia1"), str(fake_dev / "nvidiactl")])
+
+
+def test_find_device_holders_leaves_out_excluded_pids(fake_dev):
+    proc = start_holder([fake_dev / "nvidia0"])
+    try:
+        holders = P.find_device_holders(glob=str(fake_dev / "nvidia*"), exclude_pids={proc.pid})
+    finally:
+        stop(proc)
+    assert proc.pid not in holders
+
+
+def test_find_device_holders_skips_vanished_and_unreadable_processes(tmp_path, monkeypatch):
+    proc_root = tmp_path / "proc"
+    for pid, target in ((10, "/dev/nvidia0"), (12, "/dev/nvidia-uvm"), (13, "/dev/nvidia1")):
+        fd = proc_root / str(pid) / "fd"
+        fd.mkdir(parents=True)
+        os.symlink(target, fd / "3")
+        os.symlink("/dev/null", fd / "4")
+    (proc_root / "11").mkdir()  # exited between listing /proc and reading its fds: no fd dir
+    (proc_root / "self").mkdir()
+    real_listdir = os.listdir
+
+    def listdir(path):
+        if str(path).endswith("/13/fd"):
+            raise PermissionError(13, "Permission denied", str(path))  # another user's process
+        return real_listdir(path)
+
+    monkeypatch.setattr(P.os, "listdir", listdir)
+    real_readlink = os.readlink
+
+    def readlink(path):
+        if str(path).endswith("/12/fd/4"):
+            raise FileNotFoundError(2, "No such file", str(path))  # fd closed mid-scan
+        return real_readlink(path)
+
+    monkeypatch.setattr(P.os, "readlink", readlink)
+    assert P.find_device_holders(proc_root=str(proc_root)) == {10: ["/dev/nvidia0"], 12: ["/dev/nvidia-uvm"]}
+
+
+def test_process_info_describes_a_live_process():
+    proc = start_holder([], argv_extra=["--flag", "value"])
+    try:
+        info = P.process_info(proc.pid)
+    finally:
+        stop(proc)
+    assert info["pid"] == proc.pid and info["ppid"] == os.getpid()
+    assert info["cmdline"][-2:] == ["--flag", "value"] and info["cmdline"][0] == sys.executable
+    assert info["user"] == getpass.getuser()
+    assert info["pgid"] == os.getpgid(0)
+    assert abs(info["create_time"] - time.time()) < 120
+
+
+def test_process_info_survives_invalid_utf8_name_and_cmdline():
+    code = ("import sys, time\n"
+            "open('/proc/self/comm', 'wb').write(b'gpu\\xff\\xfew')\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, b"arg\xff\xfe"], stdout=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"
+    try:
+        info = P.process_info(proc.pid)
+    finally:
+        stop(proc)
+    assert info["name"] == "gpu\ufffd\ufffdw"
+    assert info["cmdline"][-1] == "arg\ufffd\ufffd"
+    json.dumps(info).encode("utf-8")  # serialisable for the controller
+
+
+def test_process_info_of_a_gone_process_is_none():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert P.process_info(proc.pid) is None
+
+
+def test_process_info_without_psutil_raises_missing_library(monkeypatch):
+    monkeypatch.setattr(P, "HAS_PSUTIL", False)
+    with pytest.raises(P.MissingLibraryError) as err:
+        P.process_info(os.getpid())
+    assert err.value.library == "psutil"
+    assert P.describe_pids([os.getpid()]) == {os.getpid(): None}
+
+
+@pytest.mark.parametrize("path,minor", [("/dev/nvidia0", 0), ("/dev/nvidia7", 7), ("/dev/nvidia15", 15),
+                                        ("/dev/nvidiactl", None), ("/dev/nvidia-uvm", None),
+                                        ("/dev/nvidia-caps/nvidia-cap1", None), ("/dev/nvidia-modeset", None)])
+def test_gpu_minor_of_path_maps_only_per_gpu_nodes(path, minor):
+    assert P.gpu_minor_of_path(path) == minor
+
+
+def test_clean_text_replaces_surrogates_and_bytes():
+    assert P.clean_text("a\udcffb") == "a\ufffdb"
+    assert P.clean_text(b"a\xffb") == "a\ufffdb"
+    assert P.clean_text("plain") == "plain" and P.clean_text(None) is None
