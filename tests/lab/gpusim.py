@@ -15,7 +15,6 @@ Model (facts from ../../shared/recordings/h200x2-driver580/, an H200 with driver
 ``--query-compute-apps`` with ``--format=csv[,noheader][,nounits]``, ``-i``, ``-L``, the default table,
 the error texts and exit codes (bad field: rc 2; bad index: rc 6).
 """
-import hashlib
 import json
 import os
 import re
@@ -55,6 +54,7 @@ class SmiError(Exception):
 # ---------------------------------------------------------------------------------------------------
 def gpu_identities(host_name):
     """List of dicts (index, uuid, pci_bus_id, serial) for a host: stable per host name, distinct."""
+    import hashlib
     out = []
     for i in range(GPU_COUNT):
         h = hashlib.sha256(("%s/%d" % (host_name, i)).encode()).hexdigest()

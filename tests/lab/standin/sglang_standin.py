@@ -1,0 +1,533 @@
+"""Stand-in for ``python -m sglang.launch_server`` on a lab host (stdlib + setproctitle; never imports sglang).
+
+Launched as ``<host venv python> sglang_standin.py <sglang.launch_server flags>`` (the lab inventory's
+``sglang_launcher``). What it reproduces, in order (facts: ../../../shared/FIELD-NOTES.md):
+
+1. Flags: parsed with argparse using the option names, ``type=int/float``, ``store_true`` and literal
+   ``choices`` found (with ``ast``) in the installed release's ``srt/server_args.py``, so unknown flags, bad
+   ints and abbreviations behave like that release (``--tp`` works only as an abbreviation of
+   ``--tp-size``). argparse errors exit 2, like SGLang.
+2. Title: ``<python> -m sglang.launch_server <args>`` (setproctitle), which SGLang's own clean-up pattern
+   ``sglang\\.launch_server`` matches.
+3. Locates the installed sglang with ``importlib.util.find_spec`` (no import) and executes the release's real
+   ``_set_envs_and_config`` against ``os.environ`` (tests/lab/sglang_exec.py): a patched engine.py changes
+   what the workers inherit; an unpatched one does not.
+4. Spawns ``--tp-size`` workers with the multiprocessing ``spawn`` context, titled ``sglang::scheduler_TP{n}``,
+   each with PDEATHSIG=SIGKILL, /dev/nvidia{n} open and ``worker_mib`` MiB registered with gpusimd on GPU n;
+   plus ``sglang::detokenizer``.
+5. "Loads" for ``slow_load_s`` (default 1 s); connection refused meanwhile. Then binds HTTP on
+   --host/--port (a held port fails the start only now, as in SGLang), warms up (0.3 s) and serves
+   ``/health`` and ``/health_generate`` (503 until warm and while shutting down), ``/get_model_info``,
+   ``/get_server_info`` (``version`` = installed release), ``/model_info``, ``/server_info``, ``/v1/models``,
+   ``POST /generate`` (sleeps max_new_tokens / ``tokens_per_s``).
+6. SIGTERM: /health → 503, drains in-flight requests (new ones are still served: the drain never ends under
+   constant traffic), SIGKILLs its workers, then SIGKILLs itself (exit 137) up to 0.5.18, exits 0 after.
+   A worker that dies unexpectedly makes it kill its tree (SGLang's SIGQUIT path).
+
+Fault knobs (HOST_DIR/faults.json, set with ``lab.py fault``): slow_load_s, crash_on_start,
+worker_ignores_sigterm, orphan_worker (that TP rank double-forks away to the host's PID 1, new session),
+tokens_per_s (read per request), worker_mib.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import gpusim  # noqa: E402
+
+DEFAULT_WORKER_MIB = 120000
+DEFAULT_TOKENS_PER_S = 120.0
+DEFAULT_LOAD_S = 1.0
+WARMUP_S = 0.3
+DRAIN_POLL_S = 0.2
+
+
+def log(msg):
+    sys.stderr.write("[%s] %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), msg))
+    sys.stderr.flush()
+
+
+def faults():
+    host_dir = gpusim.find_host_dir()
+    return gpusim.read_json(os.path.join(host_dir, "faults.json"), {}) if host_dir else {}
+
+
+def _title(text):
+    try:
+        from setproctitle import setproctitle
+        setproctitle(text)
+    except ImportError:
+        pass
+
+
+def version_tuple(version):
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+
+# ---------------------------------------------------------------------------------------------------
+# installed release
+# ---------------------------------------------------------------------------------------------------
+def installed_sglang():
+    """(package dir, version) of the sglang this interpreter would import, found without importing it."""
+    import importlib.util
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("ModuleNotFoundError: No module named 'sglang' (interpreter %s)" % sys.executable)
+    pkg = list(spec.submodule_search_locations)[0]
+    # The dist-info directory names the installed release (version.py says 0.0.0.dev0 in some wheels).
+    version = None
+    site = os.path.dirname(pkg)
+    for entry in sorted(os.listdir(site)):
+        m = re.match(r"^sglang-(.+)\.dist-info$", entry)
+        if m:
+            version = m.group(1)
+    if version is None:
+        try:
+            with open(os.path.join(pkg, "version.py")) as fh:
+                m = re.search(r"__version__\s*=\s*[\"']([^\"']+)", fh.read())
+                version = m.group(1) if m else "0"
+        except OSError:
+            version = "0"
+    return pkg, version
+
+
+def build_parser(pkg_dir):
+    """argparse parser with the option names of the installed release's server_args.py."""
+    import argparse
+    import ast
+    parser = argparse.ArgumentParser(prog="launch_server.py", conflict_handler="resolve")
+    src_path = os.path.join(pkg_dir, "srt", "server_args.py")
+    seen = set()
+    try:
+        with open(src_path) as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError):
+        tree = None
+    for node in ast.walk(tree) if tree else []:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"):
+            continue
+        flags = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                 and a.value.startswith("-")]
+        if not flags or any(f in seen for f in flags):
+            continue
+        seen.update(flags)
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        opts = {}
+        action = kw.get("action")
+        if isinstance(action, ast.Constant) and action.value in ("store_true", "store_false"):
+            opts["action"] = action.value
+        else:
+            t = kw.get("type")
+            if isinstance(t, ast.Name) and t.id in ("int", "float"):
+                opts["type"] = {"int": int, "float": float}[t.id]
+            nargs = kw.get("nargs")
+            opts["nargs"] = nargs.value if isinstance(nargs, ast.Constant) else None
+            if opts["nargs"] is None:
+                del opts["nargs"]
+            ch = kw.get("choices")
+            if isinstance(ch, (ast.List, ast.Tuple)) and all(isinstance(e, ast.Constant) for e in ch.elts):
+                opts["choices"] = [e.value for e in ch.elts]
+            if isinstance(action, ast.Constant) and action.value in ("append", "store"):
+                opts["action"] = action.value
+            elif action is not None:
+                opts["nargs"] = "*"  # custom actions: accept what follows
+        req = kw.get("required")
+        if isinstance(req, ast.Constant) and req.value is True:
+            opts["required"] = True
+        dest = None
+        longs = [f for f in flags if f.startswith("--")]
+        if isinstance(kw.get("dest"), ast.Constant):
+            dest = kw["dest"].value
+        elif longs:
+            dest = longs[0][2:].replace("-", "_")
+        try:
+            parser.add_argument(*flags, dest=dest, **opts)
+        except (TypeError, ValueError):
+            parser.add_argument(*flags, dest=dest, nargs="*")
+    # 0.5.2x generate most flags from annotated config fields (srt/arg_groups/arg_utils.py:
+    # add_cli_args_from_dataclass): ``name: A[T, "help" | Arg(...)] = default``.
+    fields_dir = os.path.join(pkg_dir, "srt", "arg_groups", "fields")
+    field_files = [src_path] + sorted(os.path.join(fields_dir, f) for f in (
+        os.listdir(fields_dir) if os.path.isdir(fields_dir) else []) if f.endswith(".py"))
+    for path in field_files:
+        try:
+            with open(path) as fh:
+                ftree = ast.parse(fh.read())
+        except (OSError, SyntaxError):
+            continue
+        for node in ast.walk(ftree):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                _add_field_flag(parser, node, seen)
+    # The flags gpufleet renders, whatever the release's file looked like.
+    base = {"--model-path": {"required": True}, "--host": {"default": "127.0.0.1"},
+            "--port": {"type": int, "default": 30000}, "--tp-size": {"type": int, "default": 1},
+            "--dp-size": {"type": int, "default": 1}}
+    for flag, opts in base.items():
+        if flag not in seen:
+            parser.add_argument(flag, **opts)
+    parser.set_defaults(host="127.0.0.1", port=30000, tp_size=1, dp_size=1)
+    return parser
+
+
+def _type_of(node):
+    """(kind, choices) of an annotation: kind in int, float, bool, str, list; Optional unwrapped."""
+    import ast
+    if isinstance(node, ast.Subscript):
+        base = node.value.id if isinstance(node.value, ast.Name) else getattr(node.value, "attr", "")
+        inner = node.slice
+        if base == "Optional":
+            return _type_of(inner)
+        if base in ("List", "list", "Tuple", "tuple"):
+            return "list", None
+        if base == "Literal":
+            elts = inner.elts if isinstance(inner, ast.Tuple) else [inner]
+            vals = [e.value for e in elts if isinstance(e, ast.Constant)]
+            return (type(vals[0]).__name__ if vals else "str"), vals
+        if base == "Union":
+            elts = inner.elts if isinstance(inner, ast.Tuple) else [inner]
+            kinds = [_type_of(e)[0] for e in elts if not (isinstance(e, ast.Constant) and e.value is None)]
+            return (kinds[0] if len(kinds) == 1 else "str"), None
+        return "str", None
+    if isinstance(node, ast.Name) and node.id in ("int", "float", "bool", "str"):
+        return node.id, None
+    return "str", None
+
+
+def _add_field_flag(parser, node, seen):
+    import ast
+    ann = node.annotation
+    if not (isinstance(ann, ast.Subscript) and isinstance(ann.value, ast.Name) and ann.value.id == "A"
+            and isinstance(ann.slice, ast.Tuple) and len(ann.slice.elts) >= 2):
+        return
+    typ, meta = ann.slice.elts[0], ann.slice.elts[1]
+    kw = {}
+    if isinstance(meta, ast.Call):
+        kw = {k.arg: k.value for k in meta.keywords if k.arg}
+    elif not isinstance(meta, ast.Constant):
+        return
+    if isinstance(kw.get("no_cli"), ast.Constant) and kw["no_cli"].value:
+        return
+    name = node.target.id
+    cli = kw["cli_name"].value if isinstance(kw.get("cli_name"), ast.Constant) else "--" + name.replace("_", "-")
+    aliases = [e.value for e in kw["aliases"].elts] if isinstance(kw.get("aliases"), ast.List) else []
+    flags = [cli] + aliases
+    if any(f in seen for f in flags):
+        return
+    seen.update(flags)
+    kind, choices = _type_of(typ)
+    opts = {"dest": name}
+    if "action" in kw or "type_parser" in kw:
+        opts["nargs"] = "?" if "action" in kw else None
+    elif kind == "bool":
+        opts["action"] = "store_true"
+    elif kind == "list":
+        opts["nargs"] = "+"
+    else:
+        if kind in ("int", "float"):
+            opts["type"] = int if kind == "int" else float
+        if choices:
+            opts["choices"] = choices
+    if isinstance(kw.get("choices"), ast.List) and all(isinstance(e, ast.Constant) for e in kw["choices"].elts):
+        opts["choices"] = [e.value for e in kw["choices"].elts]
+    if node.value is None and kind != "bool":
+        opts["required"] = True
+    opts = {k: v for k, v in opts.items() if v is not None}
+    try:
+        parser.add_argument(*flags, **opts)
+    except (TypeError, ValueError):
+        parser.add_argument(*flags, dest=name, nargs="*")
+
+
+# ---------------------------------------------------------------------------------------------------
+# workers
+# ---------------------------------------------------------------------------------------------------
+def worker_main(rank, gpu, mib, title, ready_name, ignore_sigterm, orphan):
+    """Body of a spawned worker: title, PDEATHSIG, GPU device open, memory held, then wait forever."""
+    import nsutil
+    if orphan:
+        # Leave the server's process tree: double fork, new session; the grandchild is re-parented to the
+        # host's PID 1 and survives the server's kill of its children (SGLang's orphan reports).
+        if os.fork() > 0:
+            os._exit(0)
+        os.setsid()
+        if os.fork() > 0:
+            os._exit(0)
+    else:
+        nsutil.set_pdeathsig(signal.SIGKILL)
+    # SGLang's scheduler and detokenizer call setproctitle too (srt/managers/scheduler.py, 0.5.23). setproctitle
+    # overwrites the environ area, so /proc/<pid>/environ of a real worker no longer shows its
+    # environment unless SPT_NOENV is set in it (setproctitle README); the lab reproduces that.
+    _title(title)
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    devs = []
+    held = None
+    if gpu is not None:
+        for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia%d" % gpu):
+            try:
+                devs.append(os.open(path, os.O_RDWR))
+            except OSError:
+                pass
+        held = gpusim.hold(gpu, mib, name=title)
+    ready = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    ready.connect(ready_name)
+    ready.sendall((json.dumps({"rank": rank, "pid": os.getpid(), "orphan": bool(orphan)}) + "\n").encode())
+    while True:
+        signal.pause()
+    del held, devs  # noqa  (kept referenced until death)
+
+
+class Server:
+    def __init__(self, args, argv, pkg_dir, version):
+        import threading
+        self.args = args
+        self.argv = argv
+        self.pkg_dir = pkg_dir
+        self.version = version
+        self.warm = False
+        self.shutting_down = False
+        self.inflight = 0
+        self.lock = threading.Lock()
+        self.procs = []
+        self.worker_pids = {}
+        self.util_sock = None
+        self.expected_exit = False
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def spawn_workers(self, f):
+        import multiprocessing as mp
+        import threading
+        ctx = mp.get_context("spawn")
+        ready_name = "\0sglang-standin-%d-ready" % os.getpid()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(ready_name)
+        listener.listen(64)
+        tp = int(self.args.tp_size)
+        mib = int(f.get("worker_mib", DEFAULT_WORKER_MIB))
+        orphan_rank = f.get("orphan_worker")
+        if orphan_rank is True:
+            orphan_rank = tp - 1
+        jobs = [(r, r % gpusim.GPU_COUNT, mib, "sglang::scheduler_TP%d" % r, orphan_rank is not None
+                 and orphan_rank is not False and int(orphan_rank) == r) for r in range(tp)]
+        jobs.append((-1, None, 0, "sglang::detokenizer", False))
+        for rank, gpu, m, title, orphan in jobs:
+            p = ctx.Process(target=worker_main, name=title,
+                            args=(rank, gpu, m, title, ready_name, bool(f.get("worker_ignores_sigterm")), orphan))
+            p.daemon = False
+            p.start()
+            if not orphan:
+                self.procs.append(p)
+        conns = []
+        listener.settimeout(60)
+        for _ in jobs:
+            conn, _ = listener.accept()
+            line = b""
+            while not line.endswith(b"\n"):
+                chunk = conn.recv(4096)
+                if not chunk:
+                    break
+                line += chunk
+            info = json.loads(line or b"{}")
+            self.worker_pids[info.get("rank")] = info.get("pid")
+            if not info.get("orphan"):
+                conns.append(conn)
+        listener.close()
+        threading.Thread(target=self._watch_workers, args=(conns,), daemon=True).start()
+
+    def _watch_workers(self, conns):
+        import selectors
+        sel = selectors.DefaultSelector()
+        for c in conns:
+            sel.register(c, selectors.EVENT_READ)
+        while True:
+            for key, _ in sel.select():
+                if not key.fileobj.recv(1):
+                    if not self.expected_exit:
+                        log("Received sigquit from a child process. It usually means the child failed.")
+                        self.kill_tree_and_exit(1)
+                    sel.unregister(key.fileobj)
+
+    def kill_workers(self):
+        self.expected_exit = True
+        for p in self.procs:
+            if p.pid:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            p.join(timeout=5)
+
+    def kill_tree_and_exit(self, rc):
+        self.kill_workers()
+        sys.stderr.flush()
+        if rc == 137:
+            os.kill(os.getpid(), signal.SIGKILL)
+        os._exit(rc)
+
+    def set_util(self, busy):
+        try:
+            if self.util_sock is None:
+                self.util_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.util_sock.connect(gpusim.GPUSIMD_SOCKET)
+            gpusim.report_util(self.util_sock, range(min(int(self.args.tp_size), gpusim.GPU_COUNT)),
+                               87 if busy else 0)
+        except OSError:
+            self.util_sock = None
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+    def server_info(self):
+        info = {k: v for k, v in vars(self.args).items()}
+        info.update({"version": self.version, "status": "ready" if self.warm else "starting"})
+        return info
+
+    def model_info(self):
+        return {"model_path": self.args.model_path,
+                "tokenizer_path": getattr(self.args, "tokenizer_path", None) or self.args.model_path,
+                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                "has_image_understanding": False, "has_audio_understanding": False}
+
+    def generate(self, body):
+        params = body.get("sampling_params") or {}
+        n = int(params.get("max_new_tokens", 16))
+        text = body.get("text") or ""
+        prompt_tokens = max(1, len(str(text).split()))
+        tps = float(faults().get("tokens_per_s", DEFAULT_TOKENS_PER_S))
+        t0 = time.time()
+        with self.lock:
+            self.inflight += 1
+            if self.inflight == 1:
+                self.set_util(True)
+        try:
+            time.sleep(n / tps if tps > 0 else 0)
+        finally:
+            with self.lock:
+                self.inflight -= 1
+                if self.inflight == 0:
+                    self.set_util(False)
+        return {"text": " ".join(["lab"] * n), "meta_info": {
+            "id": "%x" % int(t0 * 1e6), "finish_reason": {"type": "length", "length": n},
+            "prompt_tokens": prompt_tokens, "completion_tokens": n, "cached_tokens": 0,
+            "e2e_latency": round(time.time() - t0, 4)}}
+
+    def make_handler(self):
+        from http.server import BaseHTTPRequestHandler
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, fmt, *a):
+                pass
+
+            def _send(self, code, obj=None):
+                data = b"" if obj is None else json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                path = self.path.split("?", 1)[0]
+                if path in ("/health", "/health_generate"):
+                    ok = server.warm and not server.shutting_down
+                    return self._send(200 if ok else 503)
+                if path in ("/get_model_info", "/model_info"):
+                    return self._send(200, server.model_info())
+                if path in ("/get_server_info", "/server_info"):
+                    return self._send(200, server.server_info())
+                if path == "/v1/models":
+                    name = getattr(server.args, "served_model_name", None) or server.args.model_path
+                    return self._send(200, {"object": "list", "data": [
+                        {"id": name, "object": "model", "created": int(time.time()), "owned_by": "sglang",
+                         "root": name}]})
+                self._send(404, {"detail": "Not Found"})
+
+            def do_POST(self):
+                path = self.path.split("?", 1)[0]
+                length = int(self.headers.get("Content-Length") or 0)
+                try:
+                    body = json.loads(self.rfile.read(length) or b"{}")
+                except ValueError:
+                    return self._send(400, {"error": {"message": "invalid JSON body"}})
+                if path == "/generate":
+                    return self._send(200, server.generate(body))
+                self._send(404, {"detail": "Not Found"})
+
+        return Handler
+
+    def on_sigterm(self, *_):
+        self.shutting_down = True
+
+    def run(self):
+        import threading
+        from http.server import ThreadingHTTPServer
+        f = faults()
+        log("server_args=ServerArgs(%s)" % ", ".join("%s=%r" % kv for kv in sorted(vars(self.args).items())
+                                                     if kv[1] not in (None, False)))
+        self.spawn_workers(f)
+        log("Load weight begin. (lab stand-in; sglang %s from %s)" % (self.version, self.pkg_dir))
+        time.sleep(float(f.get("slow_load_s", DEFAULT_LOAD_S)))
+        if f.get("crash_on_start"):
+            log("RuntimeError: lab fault crash_on_start: scheduler failed while loading the model")
+            self.kill_tree_and_exit(1)
+        try:
+            ThreadingHTTPServer.daemon_threads = True
+            httpd = ThreadingHTTPServer((self.args.host, int(self.args.port)), self.make_handler())
+        except OSError as exc:
+            log("ERROR: [Errno %s] error while attempting to bind on address (%r, %d): %s" % (
+                exc.errno, self.args.host, int(self.args.port), exc.strerror))
+            self.kill_tree_and_exit(1)
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+        time.sleep(WARMUP_S)
+        self.warm = True
+        log("The server is fired up and ready to roll!")
+        while not self.shutting_down:
+            signal.pause()
+        log("Received SIGTERM; draining %d in-flight request(s)" % self.inflight)
+        while self.inflight > 0:
+            time.sleep(DRAIN_POLL_S)
+        log("Graceful shutdown complete; killing the process tree")
+        self.kill_tree_and_exit(137 if version_tuple(self.version) <= (0, 5, 18) else 0)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    pkg_dir, version = installed_sglang()
+    args = build_parser(pkg_dir).parse_args(argv)
+    # Up to 0.5.1x the flag is declared "--tensor-parallel-size", "--tp-size": argparse stores it under the
+    # first name and ServerArgs.from_cli_args copies it to tp_size (same for dp).
+    for long_name, short in (("tensor_parallel_size", "tp_size"), ("data_parallel_size", "dp_size")):
+        if getattr(args, long_name, None) is not None:
+            setattr(args, short, getattr(args, long_name))
+    if not os.path.isdir(args.model_path):
+        log("OSError: model path %s is not a directory (lab stand-in needs the lab's fake model dirs)"
+            % args.model_path)
+        return 1
+    # The real main process is not retitled, so its /proc/<pid>/environ stays readable: retitle ours
+    # with SPT_NOENV (setproctitle then leaves environ alone) and drop the variable again before the
+    # workers are spawned, so they behave like SGLang's (see worker_main).
+    user_noenv = "SPT_NOENV" in os.environ
+    os.environ["SPT_NOENV"] = "1"
+    _title("%s -m sglang.launch_server %s" % (sys.executable, " ".join(argv)))
+    if not user_noenv:
+        del os.environ["SPT_NOENV"]
+    import sglang_exec
+    res = sglang_exec.run_set_envs_and_config(sglang_exec.set_envs_source(pkg_dir), os.environ,
+                                              server_args=vars(args))
+    log("_set_envs_and_config (%s) set: %s" % (version, ", ".join(sorted(res["changed"]))))
+    server = Server(args, argv, pkg_dir, version)
+    signal.signal(signal.SIGTERM, server.on_sigterm)
+    server.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
