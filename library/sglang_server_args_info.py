@@ -217,8 +217,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet_sglang import (
     SGLangLocateError,
-    locate_argv,
-    parse_locate_output,
+    locate_package,
     read_sglang_version,
 )
 from ansible.module_utils.gpufleet_sglang_args import (
@@ -238,25 +237,16 @@ def find_package(module, python, package_dir):
         if not os.path.isfile(os.path.join(package_dir, "srt", "server_args.py")):
             module.fail_json(msg="%s is not an sglang package directory (no srt/server_args.py)" % package_dir)
         return package_dir, read_sglang_version(package_dir)[0]
-    argv = locate_argv(python)
-    rc, stdout, stderr = module.run_command(argv, environ_update=C_ENV)
-    if rc != 0:
-        module.fail_json(msg="%s could not be run to find sglang; set sglang_python to the SGLang virtualenv's "
-                             "interpreter" % python, rc=rc, stdout=stdout, stderr=stderr)
+
+    def run(argv):
+        return module.run_command(argv, environ_update=C_ENV)
+
     try:
-        info = parse_locate_output(stdout)
+        found = locate_package(python, run=run)
     except SGLangLocateError as exc:
-        module.fail_json(msg=str(exc), rc=rc, stdout=stdout, stderr=stderr)
-    locations = info.get("locations") or []
-    if not locations:
-        module.fail_json(msg="sglang is not installed for %s (Python %s): %s. Set sglang_python to the "
-                             "interpreter of the SGLang virtualenv."
-                             % (python, info.get("python_version") or "?",
-                                info.get("error") or "importlib.util.find_spec('sglang') returned None"),
-                         rc=rc, stdout=stdout, stderr=stderr)
-    found = locations[0]
-    version = read_sglang_version(found)[0] or info.get("dist_version")
-    return found, version
+        module.fail_json(msg=str(exc), rc=getattr(exc, "rc", None), stdout=getattr(exc, "stdout", ""),
+                         stderr=getattr(exc, "stderr", ""))
+    return found["package_dir"], found["version"]
 
 
 def read_help(module, python, timeout_s):
