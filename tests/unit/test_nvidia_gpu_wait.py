@@ -1,0 +1,133 @@
+"""nvidia_gpu_wait: main() with module arguments; release after N polls, timeout naming holders, errors."""
+import os
+
+import pytest
+
+from ansible.module_utils import gpufleet_gpu as G
+from fake_pynvml import make_fake_nvml
+from gpu_module_harness import load_module, recorded_process_info, run_main, write_fake_smi
+
+MODULE = load_module("nvidia_gpu_wait")
+
+
+@pytest.fixture
+def recorded_procs(monkeypatch):
+    recorded = recorded_process_info()
+    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {})
+    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: recorded.get(p) for p in pids})
+
+
+def releasing_nvml(monkeypatch, release_after_calls):
+    """Fake NVML, loaded as recorded; the workers die after ``release_after_calls`` memory queries."""
+    fake = make_fake_nvml("loaded")
+    real = fake.nvmlDeviceGetMemoryInfo
+
+    def memory(handle, version=None):
+        if fake.fake.memory_calls >= release_after_calls:
+            for gpu in fake.fake.gpus:
+                gpu["used"] = 0
+                gpu["procs"] = []
+        return real(handle, version)
+
+    fake.nvmlDeviceGetMemoryInfo = memory
+    monkeypatch.setattr(G, "pynvml", fake)
+    return fake
+
+
+def test_wait_returns_once_memory_is_released_with_elapsed_and_polls(monkeypatch, recorded_procs):
+    fake = releasing_nvml(monkeypatch, release_after_calls=2 * 4)  # 2 GPUs per poll: free at poll 5
+    done = run_main(monkeypatch, MODULE, {"poll_interval_ms": 10, "timeout_s": 30})
+    r = done.result
+    assert not done.failed, r
+    assert r["changed"] is False and r["polls"] == 5 and r["backend"] == "nvml"
+    assert 30 <= r["elapsed_ms"] < 5000
+    assert all(g["free"] and g["memory_used_mib"] == 0 for g in r["gpus"])
+    assert fake.fake.init_calls == 1 and fake.fake.initialized == 0  # one session for all polls, closed
+
+
+def test_wait_fails_naming_holders_on_timeout(monkeypatch, recorded_procs):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 0.2, "poll_interval_ms": 20})
+    r = done.result
+    assert done.failed and r["changed"] is False
+    msg = r["msg"]
+    assert "GPU 0 (GPU-8b76e503-d849-6334-acea-f57e29736cb3): 31339 MiB used" in msg
+    assert "GPU 1 (GPU-fc5ce087-20ff-f609-f8fc-c4b5cbf772f5): 31339 MiB used" in msg
+    assert "pid 682 (31330 MiB): /opt/torch/.venv/bin/python3 -B -c from multiprocessing.spawn" in msg
+    assert "pid 683 (31330 MiB)" in msg
+    assert r["polls"] >= 2 and r["elapsed_ms"] >= 200
+    assert [p["pid"] for p in r["gpus"][0]["processes"]] == [682]
+
+
+def test_wait_timeout_lists_fd_holders_apart_from_memory_owners(monkeypatch):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
+    recorded = recorded_process_info()
+    recorded[77] = {"pid": 77, "name": "dcgm", "cmdline": ["nv-hostengine"], "user": "root"}
+    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {77: ["/dev/nvidia0", "/dev/nvidiactl"]})
+    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: recorded.get(p) for p in pids})
+    done = run_main(monkeypatch, MODULE, {"gpus": [0], "timeout_s": 0})
+    msg = done.result["msg"]
+    assert "held by pid 682 (31330 MiB)" in msg and "device also open in pid 77: nv-hostengine" in msg
+    assert msg.index("pid 682") < msg.index("pid 77")
+
+
+def test_wait_through_nvidia_smi_names_processes_when_psutil_cannot_see_them(monkeypatch, tmp_path):
+    monkeypatch.setattr(G, "pynvml", None)
+    write_fake_smi(tmp_path, state="loaded")
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {})
+    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: None for p in pids})  # container: host pids
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 0.1, "poll_interval_ms": 50})
+    r = done.result
+    assert done.failed and r["backend"] == "nvidia-smi"
+    assert "pid 682 (31330 MiB): /opt/torch/.venv/bin/python3" in r["msg"]
+
+
+def test_wait_runs_in_check_mode(monkeypatch, recorded_procs):
+    releasing_nvml(monkeypatch, release_after_calls=2)
+    done = run_main(monkeypatch, MODULE, {"_ansible_check_mode": True, "poll_interval_ms": 5})
+    assert not done.failed and done.result["changed"] is False and done.result["polls"] == 2
+
+
+def test_wait_with_require_no_processes_fails_while_a_process_remains(monkeypatch, recorded_procs):
+    fake = make_fake_nvml("loaded")
+    for gpu in fake.fake.gpus:
+        gpu["used"] = 0  # memory below the limit, but the recorded compute processes are still listed
+    monkeypatch.setattr(G, "pynvml", fake)
+    done = run_main(monkeypatch, MODULE, {"require_no_processes": True, "timeout_s": 0.1})
+    assert done.failed and "held by pid 682" in done.result["msg"] and "0 MiB used" in done.result["msg"]
+    done = run_main(monkeypatch, MODULE, {"require_no_processes": False, "timeout_s": 0.1})
+    assert not done.failed
+
+
+def test_wait_default_limit_passes_an_idle_gpu_and_fails_a_loaded_one(monkeypatch, recorded_procs):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("idle"))
+    assert not run_main(monkeypatch, MODULE, {"timeout_s": 0}).failed
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
+    assert run_main(monkeypatch, MODULE, {"timeout_s": 0}).failed
+
+
+def test_wait_on_one_gpu_ignores_the_others(monkeypatch, recorded_procs):
+    fake = make_fake_nvml("loaded")
+    fake.fake.gpus[1]["used"] = 0
+    monkeypatch.setattr(G, "pynvml", fake)
+    done = run_main(monkeypatch, MODULE, {"gpus": ["GPU-fc5ce087-20ff-f609-f8fc-c4b5cbf772f5"], "timeout_s": 0})
+    assert not done.failed and [g["index"] for g in done.result["gpus"]] == [1]
+
+
+@pytest.mark.parametrize("args,text", [({"poll_interval_ms": 0}, "poll_interval_ms"),
+                                       ({"timeout_s": -1}, "timeout_s"),
+                                       ({"max_used_mib": -5}, "max_used_mib"),
+                                       ({"gpus": ["bogus"]}, "neither a GPU index")])
+def test_wait_rejects_bad_arguments(monkeypatch, recorded_procs, args, text):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("idle"))
+    done = run_main(monkeypatch, MODULE, args)
+    assert done.failed and text in done.result["msg"]
+
+
+def test_wait_reports_a_lost_gpu(monkeypatch, recorded_procs):
+    fake = make_fake_nvml("loaded")
+    fake.fake.lost = {0}
+    monkeypatch.setattr(G, "pynvml", fake)
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 1})
+    assert done.failed and "is lost" in done.result["msg"] and "reboot" in done.result["msg"]
