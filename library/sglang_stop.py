@@ -198,8 +198,10 @@ def read_cmdline(pid, proc_root="/proc"):
 def snapshot():
     """List of Proc for every process visible now (psutil.process_iter)."""
     procs = []
-    for handle in psutil.process_iter(["pid", "ppid", "uids", "username", "create_time", "name"]):
+    for handle in psutil.process_iter(["pid", "ppid", "uids", "username", "create_time", "name", "status"]):
         info = handle.info
+        if info.get("status") == psutil.STATUS_ZOMBIE:
+            continue  # already dead; holds no memory, devices or segments, only awaits its parent's wait()
         try:
             pgid = os.getpgid(info["pid"])
             sid = os.getsid(info["pid"])
