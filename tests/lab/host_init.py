@@ -225,6 +225,8 @@ class HostInit:
                 os.closerange(3, 4096)
                 setproctitle(title)
                 body()
+            except BaseException as exc:  # noqa: B902 - a forked child must never return into the loop
+                log("%s failed: %r" % (role, exc))
             finally:
                 os._exit(0)
         self.children[pid] = role
@@ -255,6 +257,8 @@ class HostInit:
 
             def body():
                 s = socket.socket()
+                # like any server, ignore TIME_WAIT leftovers; a live listener still blocks the port
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 s.bind(("0.0.0.0", port))
                 s.listen(8)
                 while True:

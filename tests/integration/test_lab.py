@@ -1,0 +1,273 @@
+"""The lab itself (tests/lab/): hosts reached over real SSH with host key checking, isolation between hosts,
+simulated GPUs, the stand-in server's life cycle, fault knobs, and a clean ``lab.py down``.
+
+Run: ``.venv/bin/python -m pytest tests/integration/test_lab.py -m lab`` (root; ``make setup`` first).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB_PY = os.path.join(ROOT, "tests", "lab", "lab.py")
+NCCL = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
+        "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
+
+
+def _ps(lab, host):
+    """{pid: args} of every process in the host's PID namespace."""
+    out = lab.exec(host, ["ps", "-eo", "pid=,args="], check=True).stdout
+    procs = {}
+    for line in out.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        procs[int(pid)] = args.strip()
+    return procs
+
+
+def _workers(lab, host):
+    return {int(m.group(1)): pid for pid, args in _ps(lab, host).items()
+            for m in [re.fullmatch(r"sglang::scheduler_TP(\d+)", args)] if m}
+
+
+def _stop_standin(lab, host, pid, timeout_s=20):
+    lab.exec(host, ["kill", "-TERM", str(pid)])
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and pid in _ps(lab, host):
+        time.sleep(0.1)
+
+
+def test_every_host_answers_ansible_ping_over_ssh(lab):
+    runner = lab.run_module("ping")
+    assert runner.status == "successful", runner.stdout.read()
+    assert lab.ok_hosts(runner, "ping") == set(lab.hosts)
+    assert all(d["res"]["ping"] == "pong" for d in lab.events(runner, "runner_on_ok"))
+
+
+def test_ssh_refuses_a_host_key_missing_from_the_lab_known_hosts(lab, tmp_path):
+    """Host key checking is on: the same key and user with an empty known_hosts file must fail."""
+    hv = lab.host_vars(lab.hosts[0])
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    base = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ControlMaster=no",
+            "-o", "ConnectTimeout=10", "-i", hv["ansible_ssh_private_key_file"], "-l", "root"]
+    bad = subprocess.run(base + ["-o", "UserKnownHostsFile=%s" % empty, hv["ansible_host"], "true"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 255 and "host key" in bad.stderr.lower()
+    good = subprocess.run(base + ["-o", "UserKnownHostsFile=%s/ssh/known_hosts" % lab.lab_dir, hv["ansible_host"],
+                                  "hostname"], capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.strip() == lab.hosts[0]
+
+
+def test_password_login_is_refused(lab):
+    hv = lab.host_vars(lab.hosts[0])
+    res = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "PubkeyAuthentication=no", "-o", "ControlMaster=no",
+                          "-o", "UserKnownHostsFile=%s/ssh/known_hosts" % lab.lab_dir, "-l", "root",
+                          hv["ansible_host"], "true"], capture_output=True, text=True)
+    assert res.returncode == 255 and "permission denied" in res.stderr.lower()
+
+
+def test_process_on_one_host_is_invisible_on_another(lab):
+    if len(lab.hosts) < 2:
+        pytest.skip("needs two hosts")
+    first, second = lab.hosts[0], lab.hosts[1]
+    marker = "317.%d" % os.getpid()
+    started = lab.exec(first, ["sh", "-c", "sleep %s >/dev/null 2>&1 & echo $!" % marker], check=True)
+    pid = int(started.stdout.split()[-1])
+    try:
+        # seen from the first host over SSH (sshd lives in that host's PID namespace) ...
+        runner = lab.run_module("command", "pgrep -f 'sleep %s'" % marker, hosts=first)
+        ok = lab.events(runner, "runner_on_ok")
+        assert [d["host"] for d in ok] == [first]
+        assert str(pid) in ok[0]["res"]["stdout"].split()
+        # ... and nowhere on the second one, whose /proc is its own
+        assert not any("sleep %s" % marker in args for args in _ps(lab, second).values())
+        assert lab.exec(second, ["sh", "-c", "test -e /proc/%d/cmdline && grep -q %s /proc/%d/cmdline" % (
+            pid, marker, pid)]).returncode != 0
+    finally:
+        lab.exec(first, ["kill", str(pid)])
+
+
+def test_nvidia_smi_over_ssh_reports_eight_h200_per_host(lab):
+    runner = lab.run_module("command", "nvidia-smi --query-gpu=index,name,memory.total,uuid,pci.bus_id "
+                                       "--format=csv,noheader,nounits")
+    assert runner.status == "successful"
+    ok = {d["host"]: d["res"]["stdout"].splitlines() for d in lab.events(runner, "runner_on_ok")}
+    assert set(ok) == set(lab.hosts)
+    uuids = set()
+    for host, rows in ok.items():
+        assert len(rows) == 8, (host, rows)
+        for i, row in enumerate(rows):
+            index, name, total, uuid, bus = row.split(", ")
+            assert (int(index), name, int(total)) == (i, "NVIDIA H200", 143771)
+            assert re.fullmatch(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", uuid)
+            assert re.fullmatch(r"00000000:[0-9A-F]{2}:00\.0", bus)
+            uuids.add(uuid)
+    assert len(uuids) == 8 * len(lab.hosts)
+
+
+def test_patching_one_host_leaves_the_others_and_the_release_untouched(lab):
+    if len(lab.hosts) < 2:
+        pytest.skip("needs two hosts")
+    first, second = lab.hosts[0], lab.hosts[1]
+    find = ("import importlib.util, os; print(os.path.join(importlib.util.find_spec('sglang')"
+            ".submodule_search_locations[0], 'srt', 'entrypoints', 'engine.py'))")
+    paths = {h: lab.exec(h, [lab.host_vars(h)["sglang_python"], "-c", find], check=True).stdout.strip()
+             for h in (first, second)}
+    assert paths[first].startswith(lab.host_dirs[first] + "/venv/")
+    before = {h: open(p, "rb").read() for h, p in paths.items()}
+    marker = b"\n# lab isolation probe %d\n" % os.getpid()
+    try:
+        with open(paths[first], "ab") as fh:
+            fh.write(marker)
+        assert open(paths[first], "rb").read().endswith(marker)
+        assert open(paths[second], "rb").read() == before[second]
+        assert "def _set_envs_and_config(" in before[second].decode()
+    finally:
+        with open(paths[first], "wb") as fh:
+            fh.write(before[first])
+
+
+def test_standin_serves_holds_gpu_memory_passes_nccl_env_and_releases_on_sigterm(lab):
+    host = lab.hosts[-1]
+    env = dict(NCCL, SPT_NOENV="1")
+    pid = lab.start_standin(host, extra_env=env)
+    try:
+        assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
+        workers = _workers(lab, host)
+        assert sorted(workers) == list(range(8))
+        assert "-m sglang.launch_server" in _ps(lab, host)[pid]
+        apps = lab.exec(host, ["nvidia-smi", "--query-compute-apps=pid,process_name,used_memory,gpu_uuid",
+                               "--format=csv,noheader,nounits"], check=True).stdout.splitlines()
+        by_pid = {int(r.split(", ")[0]): r.split(", ") for r in apps}
+        uuids = [g["uuid"] for g in lab.gpus(host)]
+        for rank, wpid in workers.items():
+            assert by_pid[wpid][1] == "sglang::scheduler_TP%d" % rank
+            assert int(by_pid[wpid][2]) == 120000
+            assert by_pid[wpid][3] == uuids[rank]
+            environ = lab.exec(host, ["cat", "/proc/%d/environ" % wpid], check=True).stdout.split("\0")
+            for key, value in NCCL.items():
+                assert "%s=%s" % (key, value) in environ, (rank, key)
+            fds = lab.exec(host, ["sh", "-c", "readlink /proc/%d/fd/*" % wpid]).stdout.split()
+            assert "/dev/nvidia%d" % rank in fds
+        info = json.loads(lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c",
+                                          "import urllib.request as u; print(u.urlopen("
+                                          "'http://127.0.0.1:30000/get_server_info').read().decode())"],
+                                   check=True).stdout)
+        assert info["version"] == lab.group_vars["lab_sglang_version"]
+        assert info["tp_size"] == 8
+    finally:
+        _stop_standin(lab, host, pid)
+    stopped = time.time()
+    assert pid not in _ps(lab, host)
+    assert not _workers(lab, host)
+    # the memory outlives its holders by release_delay_ms (150 ms by default), then it is free
+    deadline = stopped + 5
+    while time.time() < deadline and any(g["used_mib"] for g in lab.gpus(host)):
+        time.sleep(0.05)
+    used = lab.exec(host, ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                    check=True).stdout.split()
+    assert used == ["0"] * 8
+
+
+def test_worker_environ_is_overwritten_by_setproctitle_without_spt_noenv(lab):
+    """Like real SGLang workers (setproctitle), /proc/<worker>/environ hides the environment unless SPT_NOENV."""
+    host = lab.hosts[0]
+    pid = lab.start_standin(host, extra_env=dict(NCCL))
+    try:
+        assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
+        wpid = _workers(lab, host)[0]
+        environ = lab.exec(host, ["cat", "/proc/%d/environ" % wpid], check=True).stdout
+        assert "NCCL_PROTO=LL" not in environ
+        main_environ = lab.exec(host, ["cat", "/proc/%d/environ" % pid], check=True).stdout
+        assert "NCCL_PROTO=LL" in main_environ.split("\0")
+    finally:
+        _stop_standin(lab, host, pid)
+
+
+def test_port_held_fault_fails_the_start_only_after_loading(lab):
+    host = lab.hosts[0]
+    lab.fault(host, port_held=30000, slow_load_s=0.5)
+    try:
+        time.sleep(0.3)
+        assert any(a.startswith("stray-listener") for a in _ps(lab, host).values())
+        t0 = time.time()
+        pid = lab.start_standin(host)
+        deadline = time.time() + 30
+        while time.time() < deadline and pid in _ps(lab, host):
+            time.sleep(0.1)
+        assert time.time() - t0 >= 0.5
+        log = open(os.path.join(lab.host_dirs[host], "state", "standin-test.log")).read()
+        assert "Address already in use" in log
+        assert not _workers(lab, host)
+    finally:
+        lab.clear_faults(host)
+    time.sleep(0.3)
+    assert not any(a.startswith("stray-listener") for a in _ps(lab, host).values())
+
+
+def test_memory_never_released_fault_keeps_memory_until_cleared(lab):
+    host = lab.hosts[0]
+    lab.fault(host, memory_never_released=True)
+    holder = None
+    try:
+        code = ("import sys; sys.path.insert(0, %r); import gpusim, time; s = gpusim.hold(2, 4096); "
+                "print('held', flush=True); time.sleep(0.2)" % os.path.join(ROOT, "tests", "lab"))
+        holder = lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", code], check=True)
+        assert "held" in holder.stdout
+        time.sleep(0.5)
+        assert lab.gpus(host)[2]["used_mib"] >= 4096
+        assert lab.gpus(host)[2]["apps"] == []  # the holder is gone; its memory is not
+    finally:
+        lab.clear_faults(host)
+    deadline = time.time() + 5
+    while time.time() < deadline and lab.gpus(host)[2]["used_mib"]:
+        time.sleep(0.05)
+    assert lab.gpus(host)[2]["used_mib"] == 0
+
+
+def test_monitor_keeps_nvidia_nodes_open_on_every_host(lab):
+    for host in lab.hosts:
+        procs = _ps(lab, host)
+        mon = [pid for pid, args in procs.items() if args.startswith("/usr/bin/nvidia-persistenced")]
+        assert len(mon) == 1, procs
+        fds = lab.exec(host, ["sh", "-c", "readlink /proc/%d/fd/*" % mon[0]]).stdout.split()
+        assert {"/dev/nvidiactl", "/dev/nvidia0"} <= set(fds)
+
+
+def test_lab_down_leaves_no_namespace_bridge_process_or_mount(tmp_path):
+    if os.geteuid() != 0 or not os.path.exists("/usr/sbin/sshd"):
+        pytest.skip("needs root and sshd")
+    lab_dir = str(tmp_path / "lab")
+    up = subprocess.run([sys.executable, LAB_PY, "up", "--hosts", "2", "--lab-dir", lab_dir],
+                        capture_output=True, text=True)
+    state = json.load(open(os.path.join(lab_dir, "lab.json"))) if os.path.exists(
+        os.path.join(lab_dir, "lab.json")) else {}
+    try:
+        assert up.returncode == 0, up.stderr
+        assert os.path.exists("/sys/class/net/%s" % state["bridge"])
+        pids = [h["init_pid"] for h in state["hosts"]]
+        assert all(os.path.exists("/proc/%d" % p) for p in pids)
+    finally:
+        down = subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "gfl-%s-" % state["tag"] not in netns
+    assert not os.path.exists("/sys/class/net/%s" % state["bridge"])
+    for p in pids:
+        try:
+            os.kill(p, 0)
+            alive = open("/proc/%d/cmdline" % p).read() != ""
+        except (ProcessLookupError, FileNotFoundError):
+            alive = False
+        assert not alive, p
+    assert os.path.realpath(lab_dir) not in open("/proc/self/mountinfo").read()
+    assert os.listdir(lab_dir) == []
+    again = subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
