@@ -82,21 +82,41 @@ disk:
   type: list
   elements: dict
   contains:
-    path: {description: The path asked for., type: str}
-    measured_path: {description: The existing path measured (the path or its nearest existing parent)., type: str}
-    exists: {description: Whether the path itself exists., type: bool}
-    free_mib: {description: Space available to unprivileged users (f_bavail), MiB., type: int}
-    total_mib: {description: Filesystem size, MiB., type: int}
+    path:
+      description: The path asked for.
+      type: str
+    measured_path:
+      description: The existing path measured (the path or its nearest existing parent).
+      type: str
+    exists:
+      description: Whether the path itself exists.
+      type: bool
+    free_mib:
+      description: Space available to unprivileged users (f_bavail), MiB.
+      type: int
+    total_mib:
+      description: Filesystem size, MiB.
+      type: int
 shm:
   description: The shared-memory filesystem.
   returned: always
   type: dict
   contains:
-    path: {description: O(shm_path)., type: str}
-    exists: {description: Whether it exists., type: bool}
-    size_mib: {description: Size, MiB., type: int}
-    free_mib: {description: Free space (f_bavail), MiB., type: int}
-    used_mib: {description: Used space, MiB., type: int}
+    path:
+      description: "O(shm_path)."
+      type: str
+    exists:
+      description: Whether it exists.
+      type: bool
+    size_mib:
+      description: Size, MiB.
+      type: int
+    free_mib:
+      description: Free space (f_bavail), MiB.
+      type: int
+    used_mib:
+      description: Used space, MiB.
+      type: int
     stale_segments:
       description: Entries named like SGLang/NCCL segments (C(nccl-*), C(cuda.shm.*), C(sgl_shm_*)), with size in MiB.
       type: list
@@ -107,19 +127,35 @@ port:
   returned: when O(port) is given
   type: dict
   contains:
-    port: {description: The port., type: int}
-    free: {description: No listener conflicts with O(host)., type: bool}
-    held_by_managed: {description: Every conflicting listener is the managed server or its descendant (false when free)., type: bool}
+    port:
+      description: The port.
+      type: int
+    free:
+      description: No listener conflicts with O(host).
+      type: bool
+    held_by_managed:
+      description: Every conflicting listener is the managed server or its descendant (false when free).
+      type: bool
     listeners:
       description: Every TCP listener on the port.
       type: list
       elements: dict
       contains:
-        address: {description: Bound address., type: str}
-        pid: {description: Owning process, null when not visible., type: int}
-        cmdline: {description: Its command line (argv)., type: list}
-        conflicts: {description: Whether it blocks binding O(host)., type: bool}
-        managed: {description: It is the managed server or a descendant of it., type: bool}
+        address:
+          description: Bound address.
+          type: str
+        pid:
+          description: Owning process, null when not visible.
+          type: int
+        cmdline:
+          description: Its command line (argv).
+          type: list
+        conflicts:
+          description: Whether it blocks binding O(host).
+          type: bool
+        managed:
+          description: It is the managed server or a descendant of it.
+          type: bool
 managed_pid:
   description: Pid of the managed server from O(pid_file) or O(systemd_unit); null when none.
   returned: always
