@@ -1,0 +1,215 @@
+"""playbooks/restart.yml against the lab fleet over real SSH, through ansible-runner (as AWX runs it).
+
+Asserted on ansible-runner events and on the hosts afterwards: every host gets a new server (new pid, the old
+one gone), every GPU worker's /proc/<pid>/environ carries the inventory's NCCL values, the summary table is
+printed, a second run is green too; check mode changes nothing; a GPU memory release that never comes fails
+the host naming what holds the GPUs and launches nothing; each preflight refusal stops the run before any host
+is stopped.
+"""
+import json
+import time
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+PLAYBOOK = "playbooks/restart.yml"
+FAST = {"sglang_launch_ready_delay_s": 1, "sglang_stop_grace_s": 10, "gpufleet_serial": 2}
+# Reads every process titled sglang::scheduler_TP<n> on the host and prints {pid: environ} as JSON (bytes-safe).
+WORKER_ENV = r"""
+import json, os, re
+out = {}
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    try:
+        title = open('/proc/%s/cmdline' % pid, 'rb').read().split(b'\0')[0].decode('utf-8', 'replace')
+        if re.match(r'sglang::scheduler_TP\d+$', title):
+            env = open('/proc/%s/environ' % pid, 'rb').read()
+            out[title + ':' + pid] = dict(e.decode('utf-8', 'backslashreplace').partition('=')[::2]
+                                          for e in env.split(b'\0') if b'=' in e)
+    except OSError:
+        pass
+print(json.dumps(out))
+"""
+
+
+def pid_file(lab, host):
+    return "%s/sglang.pid" % lab.host_vars(host)["sglang_state_dir"]
+
+
+def server_pid(lab, host):
+    res = lab.exec(host, ["cat", pid_file(lab, host)])
+    return int(res.stdout.strip()) if res.returncode == 0 and res.stdout.strip().isdigit() else None
+
+
+def alive(lab, host, pid):
+    res = lab.exec(host, ["cat", "/proc/%d/stat" % pid])
+    return res.returncode == 0 and res.stdout.split(") ", 1)[1][:1] not in ("Z", "X")
+
+
+def worker_envs(lab, host):
+    res = lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", WORKER_ENV], check=True)
+    return json.loads(res.stdout)
+
+
+def stdout_of(runner):
+    with open(runner.stdout.name) as handle:
+        return handle.read()
+
+
+def ensure_serving(lab, hosts=None):
+    """Every host (or ``hosts``) runs a ready server launched by the playbook; returns {host: pid}."""
+    hosts = hosts or lab.hosts
+    if not all(server_pid(lab, h) and alive(lab, h, server_pid(lab, h)) for h in hosts):
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=",".join(hosts))
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+    return {h: server_pid(lab, h) for h in hosts}
+
+
+def test_restart_replaces_every_server_and_nccl_values_reach_every_worker(lab):
+    before = ensure_serving(lab)
+    runner = lab.run_playbook(PLAYBOOK, extravars=FAST)
+    out = stdout_of(runner)
+    assert runner.status == "successful", out[-4000:]
+    expected = {k: str(v) for k, v in lab.group_vars["sglang_nccl_env"].items()}
+    for host in lab.hosts:
+        new = server_pid(lab, host)
+        assert new and new != before[host], host
+        assert not alive(lab, host, before[host]), "old server %d still runs on %s" % (before[host], host)
+        envs = worker_envs(lab, host)
+        assert len(envs) == lab.host_vars(host)["sglang_launch_args"]["tp-size"], envs.keys()
+        for title, env in envs.items():
+            assert {k: env.get(k) for k in expected} == expected, "%s %s" % (host, title)
+        # lock released
+        assert lab.exec(host, ["test", "-e", "%s/restart.lock" % lab.host_vars(host)["sglang_state_dir"]]).returncode == 1
+    # the module's own view agrees, per worker
+    verify = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_worker_env_info")}
+    assert sorted(verify) == sorted(lab.hosts)
+    assert all(r["all_match"] and r["worker_count"] == 8 for r in verify.values())
+    # summary: one line per host, result ok, NCCL ok, the new pid
+    assert "GPUFLEET SUMMARY" in out
+    table = out.split("GPUFLEET SUMMARY", 1)[1]
+    for host in lab.hosts:
+        line = next(l for l in table.splitlines() if l.startswith(host + " "))
+        cells = line.split()
+        assert cells[1] == "ok" and cells[5] == "ok" and cells[-1] == str(server_pid(lab, host)), line
+        assert float(cells[2]) > 0 and int(cells[3]) >= 0, line
+
+    again = lab.run_playbook(PLAYBOOK, extravars=FAST)
+    assert again.status == "successful", stdout_of(again)[-4000:]
+    assert all(server_pid(lab, h) != None for h in lab.hosts)
+
+
+def test_check_mode_changes_nothing(lab):
+    before = ensure_serving(lab)
+    engines = {h: lab.exec(h, ["sh", "-c", "md5sum %s/lib/python3*/site-packages/sglang/srt/entrypoints/engine.py"
+                              % lab.host_vars(h)["sglang_python"].rsplit("/bin/", 1)[0]]).stdout for h in lab.hosts}
+    runner = lab.run_playbook(PLAYBOOK, extravars=FAST, check=True)
+    assert runner.status == "successful", stdout_of(runner)[-4000:]
+    for host in lab.hosts:
+        assert server_pid(lab, host) == before[host] and alive(lab, host, before[host])
+        assert lab.exec(host, ["test", "-e", "%s/restart.lock" % lab.host_vars(host)["sglang_state_dir"]]).returncode == 1
+    after = {h: lab.exec(h, ["sh", "-c", "md5sum %s/lib/python3*/site-packages/sglang/srt/entrypoints/engine.py"
+                             % lab.host_vars(h)["sglang_python"].rsplit("/bin/", 1)[0]]).stdout for h in lab.hosts}
+    assert after == engines
+    # the stop reported what it would signal, and signalled nothing
+    stops = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_stop")}
+    assert all(any(e["pid"] == before[h] and e["ended"] == "would signal" for e in stops[h]["signalled"])
+               for h in lab.hosts)
+
+
+def _wait_memory_free(lab, host, timeout_s=30):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if all(g["used_mib"] <= 1024 for g in lab.gpus(host)):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_memory_never_released_fails_naming_holders_and_launches_nothing(lab):
+    host = lab.hosts[0]
+    ensure_serving(lab, [host])
+    lab.fault(host, memory_never_released=True)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, gpu_memory_wait_timeout_s=3), limit=host)
+        assert runner.status == "failed"
+        [failed] = lab.events(runner, "runner_on_failed", "nvidia_gpu_wait")
+        assert failed["host"] == host
+        msg = failed["res"]["msg"]
+        assert "not released" in msg and "MiB used" in msg and "GPU 0" in msg
+        # nothing launched: no launch task ran, no pid file, nothing listens on the port
+        assert lab.events(runner, "runner_on_ok", "sglang_process") == []
+        assert server_pid(lab, host) is None
+        assert lab.wait_http(host, path="/health", status=200, timeout_s=1) is None
+        assert "failed" in stdout_of(runner).split("GPUFLEET SUMMARY", 1)[1]
+    finally:
+        lab.clear_faults(host)
+    assert _wait_memory_free(lab, host), lab.gpus(host)
+    ensure_serving(lab, [host])
+
+
+def _launch_args_expr(extra):
+    """A Jinja expression giving each lab host its own launch args plus ``extra`` (extra vars win over host vars)."""
+    base = ("{'model-path': lab_host_dir ~ '/models/Llama-3.3-70B-Instruct', "
+            "'speculative-draft-model-path': lab_host_dir ~ '/models/EAGLE3-LLaMA3.3-Instruct-70B', "
+            "'tp-size': 8, 'speculative-algorithm': 'EAGLE3', 'speculative-num-steps': 3, "
+            "'speculative-eagle-topk': 1, 'speculative-num-draft-tokens': 4, 'trust-remote-code': true}")
+    return "{{ %s | combine(%s) }}" % (base, json.dumps(extra))
+
+
+def _assert_refused_before_any_stop(lab, runner, before, words):
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-3000:]
+    failed = lab.events(runner, "runner_on_failed")
+    assert failed, out[-3000:]
+    text = " ".join(json.dumps(d.get("res", {}).get("msg", "")) for d in failed)
+    for word in words:
+        assert word in text, text[:3000]
+    assert lab.events(runner, "runner_on_ok", "sglang_stop") == []
+    assert lab.events(runner, "runner_on_ok", "systemd_service") == []
+    for host, pid in before.items():
+        assert alive(lab, host, pid), "%s: old server %d was stopped although preflight refused" % (host, pid)
+
+
+def test_preflight_refuses_unknown_flag_and_no_host_is_stopped(lab):
+    before = ensure_serving(lab)
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=_launch_args_expr(
+        {"speculative-num-stepz": 3})))
+    _assert_refused_before_any_stop(lab, runner, before, ["speculative-num-stepz"])
+
+
+def test_preflight_refuses_missing_model_path_and_no_host_is_stopped(lab):
+    before = ensure_serving(lab)
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=_launch_args_expr(
+        {"model-path": "/models/no-such-model"})))
+    _assert_refused_before_any_stop(lab, runner, before, ["/models/no-such-model"])
+
+
+def test_preflight_refuses_port_held_by_stray_listener_and_no_host_is_stopped(lab):
+    before = ensure_serving(lab)
+    host = lab.hosts[-1]
+    lab.fault(host, port_held=30123)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_port=30123))
+        _assert_refused_before_any_stop(lab, runner, before, ["30123"])
+    finally:
+        lab.fault(host, port_held=None)
+
+
+def test_second_run_is_refused_while_a_host_is_locked(lab):
+    host = lab.hosts[0]
+    before = ensure_serving(lab, [host])
+    lock = "%s/restart.lock" % lab.host_vars(host)["sglang_state_dir"]
+    lab.exec(host, ["mkdir", lock], check=True)
+    lab.exec(host, ["sh", "-c", 'echo \'{"run_id": "awx-4711", "controller": "awx-1", "pid": 99}\' > %s/owner.json' % lock],
+             check=True)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert runner.status == "failed"
+        msgs = " ".join(d["res"].get("msg", "") for d in lab.events(runner, "runner_on_failed"))
+        assert "locked by another restart" in msgs and "awx-4711" in msgs and "awx-1" in msgs
+        assert lab.events(runner, "runner_on_ok", "sglang_stop") == []
+        assert alive(lab, host, before[host])
+        assert lab.exec(host, ["test", "-d", lock]).returncode == 0, "another run's lock must be left alone"
+    finally:
+        lab.exec(host, ["rm", "-rf", lock])
