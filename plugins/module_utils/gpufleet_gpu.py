@@ -763,7 +763,8 @@ def gpu_processes(backend, indices, scan_fds=True, proc_root="/proc", exclude_pi
     def _describe(pid, fallback_name=None):
         info = described.get(pid) or {}
         return {"name": info.get("name") or fallback_name,
-                "cmdline": " ".join(info["cmdline"]) if info.get("cmdline") else None,
+                # setproctitle pads argv[0] with spaces (SGLang's sglang::scheduler_TP<n> titles).
+                "cmdline": " ".join(info["cmdline"]).strip() if info.get("cmdline") else None,
                 "user": info.get("user")}
 
     per_gpu = {}
