@@ -42,8 +42,11 @@ def _changed(runner):
     return {host: n for host, n in (runner.stats or {}).get("changed", {}).items() if n}
 
 
-def _check_fleet(run, read, hosts, engine_paths):
-    """The four behaviours, for any fleet. ``run(extravars, cmdline)`` -> runner; ``read(host, path)`` -> bytes."""
+def _check_fleet(run, read, hosts, engine_paths, env):
+    """The four behaviours, for any fleet. ``run(extravars, cmdline)`` -> runner; ``read(host, path)`` -> bytes;
+    ``env``: the sglang_nccl_env the inventory gives."""
+    expected = {k: str(v) for k, v in env.items()}
+    first_name = sorted(expected)[0]
     # Start from SGLang's own file: on the shared lab another test may have left a block behind. On an
     # unpatched file, absent changes nothing.
     was = {h: read(h, engine_paths[h]) for h in hosts}
@@ -60,7 +63,7 @@ def _check_fleet(run, read, hosts, engine_paths):
     for host in hosts:
         res = events[host]["res"]
         assert res["changed"] and BEGIN in res["diff"]["after"] and BEGIN not in res["diff"]["before"]
-        assert "os.environ['NCCL_MIN_NCHANNELS'] = '16'" in res["diff"]["after"]
+        assert "os.environ[%r] = %r" % (first_name, expected[first_name]) in res["diff"]["after"]
         assert read(host, engine_paths[host]) == originals[host], "check mode wrote %s" % host
 
     first = run({}, None)
@@ -70,11 +73,11 @@ def _check_fleet(run, read, hosts, engine_paths):
     for host in hosts:
         res = events[host]["res"]
         assert res["changed"] and res["sglang_version"] == RELEASE and res["path"] == engine_paths[host]
-        assert res["env"] == {k: str(v) for k, v in ENV.items()}
+        assert res["env"] == expected
         text = read(host, engine_paths[host]).decode("utf-8")
         lines = text.splitlines()
         assert BEGIN in lines[res["line"] - 1]
-        assert lines[res["line"] + len(ENV) + 1].strip() == 'mp.set_start_method("spawn", force=True)'
+        assert lines[res["line"] + len(expected) + 1].strip() == 'mp.set_start_method("spawn", force=True)'
     patched = {h: read(h, engine_paths[h]) for h in hosts}
 
     second = run({}, None)
@@ -141,17 +144,13 @@ def test_patch_playbook_on_local_fleet(tmp_path):
         with open(path, "rb") as handle:
             return handle.read()
 
-    _check_fleet(run, read, hosts, engine_paths)
+    _check_fleet(run, read, hosts, engine_paths, ENV)
 
 
 # --- lab fleet: real SSH -----------------------------------------------------------------------------------------
 
 @pytest.mark.lab
-def test_patch_playbook_on_lab_fleet(request):
-    try:
-        lab = request.getfixturevalue("lab")
-    except pytest.FixtureLookupError:
-        pytest.skip("the lab fixture (tests/integration/conftest.py) is not available")
+def test_patch_playbook_on_lab_fleet(lab):
     hosts = list(lab.hosts)
     engine_paths = {}
     for host in hosts:
@@ -165,21 +164,22 @@ def test_patch_playbook_on_lab_fleet(request):
         return _stdout_bytes(lab.exec(host, ["cat", path]))
 
     def run(extravars, cmdline):
-        extra = dict(extravars, sglang_nccl_env=ENV)
-        return lab.run_playbook(PLAYBOOK, extravars=extra, cmdline=cmdline)
+        return lab.run_playbook(PLAYBOOK, extravars=extravars, cmdline=cmdline)
 
-    _check_fleet(run, read, hosts, engine_paths)
+    # The inventory's own sglang_nccl_env (tests/lab/lab.py writes it into group_vars).
+    env = lab.group_vars["sglang_nccl_env"]
+    assert env, "the lab inventory has no sglang_nccl_env"
+    try:
+        _check_fleet(run, read, hosts, engine_paths, env)
+    finally:
+        # The lab is shared by the session: leave SGLang's own file behind whatever happened.
+        run({"sglang_nccl_patch_state": "absent"}, None)
 
 
 def _stdout_bytes(result):
-    if isinstance(result, (bytes, str)):
-        out = result
-    elif isinstance(result, subprocess.CompletedProcess):
-        assert result.returncode == 0, result
-        out = result.stdout
-    else:
-        out = result["stdout"] if isinstance(result, dict) else result.stdout
-    return out.encode("utf-8", "surrogateescape") if isinstance(out, str) else out
+    """stdout of a lab.exec() CompletedProcess as the file's bytes (lab.exec decodes with surrogateescape)."""
+    assert result.returncode == 0, (result.args, result.stderr)
+    return result.stdout.encode("utf-8", "surrogateescape")
 
 
 def _stdout(result):
