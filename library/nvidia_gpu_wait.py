@@ -182,7 +182,7 @@ def _proc_text(p):
     return "pid %d%s: %s" % (p["pid"], mem, _short(p.get("cmdline") or p.get("name")))
 
 
-def timeout_message(outcome, gpus, max_used_mib, timeout_s):
+def timeout_message(outcome, gpus, max_used_mib, timeout_s, require_no_processes=False):
     """Operator message for a timeout: each busy GPU, its MiB and its processes (pid, cmdline).
 
     Processes the backend lists on that GPU (they own its memory) come first; processes that only have
@@ -199,15 +199,18 @@ def timeout_message(outcome, gpus, max_used_mib, timeout_s):
         if owners:
             held = "held by " + "; ".join(_proc_text(p) for p in owners)
         else:
-            held = ("no compute process listed by %s (from a container without the host PID namespace, look on "
-                    "the host; or the driver has not finished releasing the memory)" % outcome.get("backend", "the backend"))
+            held = ("no compute process listed by %s (from a container without the host PID namespace, "
+                    "look on the host; or the driver has not finished releasing the memory)"
+                    % outcome.get("backend", "the backend"))
         if others:
             held += "; device also open in " + "; ".join(_proc_text(p) for p in others)
         parts.append("GPU %d (%s): %s MiB used, %s" % (gpu["index"], gpu["uuid"], gpu["memory_used_mib"], held))
-    return ("GPU memory not released after %s s (limit %d MiB used per GPU, %d polls). %s. "
+    condition = "at most %d MiB used%s per GPU" % (
+        max_used_mib, " and no compute process" if require_no_processes else "")
+    return ("GPU memory not released after %s s (wanted %s; %d polls). %s. "
             "Stop these processes (role sglang_stop, or kill the pids listed) and run again; "
             "raise timeout_s if the release is just slow."
-            % (timeout_s, max_used_mib, outcome["polls"], " | ".join(parts)))
+            % (timeout_s, condition, outcome["polls"], " | ".join(parts)))
 
 
 def run_wait(backend, params, fallback_reason=None, exclude_pids=None):
@@ -239,7 +242,8 @@ def run_wait(backend, params, fallback_reason=None, exclude_pids=None):
     if outcome["ready"]:
         return True, result, None
     outcome["backend"] = backend.name
-    return False, result, timeout_message(outcome, gpus, params["max_used_mib"], params["timeout_s"])
+    return False, result, timeout_message(outcome, gpus, params["max_used_mib"], params["timeout_s"],
+                                          params["require_no_processes"])
 
 
 def main():

@@ -8,13 +8,17 @@ What it does, writing everything to ``--out`` (results.json, log.txt):
 2. Agreement idle and loaded: the NVML and nvidia-smi backends give the same UUIDs, memory within 1 MiB,
    the same compute pids; raw NVML bytes beside nvidia-smi MiB (which rounding nvidia-smi uses).
 3. Workers: one process per GPU (forkserver with torch preloaded, like SGLang's spawned TP workers) holding
-   ``--gib`` GiB each; the fd links they hold; what a bare CUDA context costs.
+   ``--gib`` GiB each; the fd links they hold; what a bare CUDA context costs, and that
+   ``require_no_processes`` refuses a GPU whose only user keeps a bare context (under the MiB limit).
 4. The modules run as Ansible runs them (``python3 library/<module>.py args.json``): nvidia_gpu_info with
    both backends, nvidia_gpu_wait timing out while workers hold memory (message must name pid + cmdline).
 5. Release latency, ``--reps`` times per backend: start the module's wait logic (in-process, its
    ``run_wait``), SIGKILL the workers, and compare when the wait returned with when an independent
    NVML poller (own process, 10 ms period) first saw every GPU at or under the limit.
    Also ``--module-reps`` times with the module file as a subprocess (time = its exit).
+
+   ``--role-interval-reps`` more in-process reps at 100 ms, the roles/gpu_memory_wait default.
+6. ``checks`` in results.json: each claim above as a boolean.
 
 Usage (device): ``python3 tests/gpu/real_gpu_check.py --out $OUT --reps 10 --module-reps 4 --gib 20``.
 """
@@ -161,8 +165,9 @@ def run_module_file(name, args, timeout=120):
 
 
 def compare(nv, sm, label, res):
-    """Compare two details() lists; record and log mismatches."""
+    """Compare two details() lists; record and log mismatches (ok: within 1 MiB; exact: identical MiB)."""
     ok = True
+    exact = len(nv) == len(sm)
     rows = []
     for a, b in zip(nv, sm):
         row = {"index": a["index"], "uuid_equal": a["uuid"] == b["uuid"]}
@@ -170,12 +175,14 @@ def compare(nv, sm, label, res):
             row[key] = (a[key], b[key])
             if a[key] is None or b[key] is None or abs(a[key] - b[key]) > 1:
                 ok = False
+            if a[key] != b[key]:
+                exact = False
         ok = ok and row["uuid_equal"]
         for key in ("name", "pci_bus_id", "persistence_mode", "compute_mode", "power_limit_w",
                     "ecc_errors_corrected_volatile_total", "remapped_rows_pending", "minor_number"):
             row[key] = (a.get(key), b.get(key))
         rows.append(row)
-    res["agreement_" + label] = {"ok": ok and len(nv) == len(sm), "rows": rows}
+    res["agreement_" + label] = {"ok": ok and len(nv) == len(sm), "exact": exact, "rows": rows}
     log("agreement", label, "ok" if ok else "MISMATCH", json.dumps(rows))
     return ok
 
@@ -188,6 +195,8 @@ def main():
     ap.add_argument("--gib", type=float, default=20)
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--poll-interval-ms", type=int, default=50)
+    ap.add_argument("--role-interval-reps", type=int, default=0,
+                    help="extra in-process reps per backend at 100 ms (roles/gpu_memory_wait default)")
     opts = ap.parse_args()
     os.makedirs(opts.out, exist_ok=True)
     t_start = time.monotonic()
@@ -245,6 +254,13 @@ def main():
         time.sleep(0.5)
         res["context_only"] = {"nvml": nb.memory(), "smi": sb.memory(), "pids": pids}
         log("context only:", json.dumps(res["context_only"]))
+        # a live CUDA context passes the memory limit; require_no_processes must still refuse it
+        res["context_only_wait_memory"] = run_module_file("nvidia_gpu_wait", {"timeout_s": 0})
+        res["context_only_wait_noproc"] = run_module_file("nvidia_gpu_wait", {"timeout_s": 0.5,
+                                                                              "require_no_processes": True})
+        log("context only: wait(memory) failed=%s; wait(require_no_processes) failed=%s msg=%s" % (
+            res["context_only_wait_memory"].get("failed", False), res["context_only_wait_noproc"].get("failed"),
+            res["context_only_wait_noproc"].get("msg")))
         ws.kill(); ws.reap()
 
         # -- loaded
@@ -287,24 +303,28 @@ def main():
         pp = pctx.Process(target=poller, args=(child, indices, 1024, 0.010))
         pp.start()
         assert parent.recv() == "up"
-        lat = {"inprocess": {"nvml": [], "nvidia-smi": []}, "module": {"nvml": [], "nvidia-smi": []}}
+        lat = {"inprocess": {"nvml": [], "nvidia-smi": []}, "module": {"nvml": [], "nvidia-smi": []},
+               "inprocess_100ms": {"nvml": [], "nvidia-smi": []}}
         release = []
         reps_log = []
         params = {"gpus": [], "max_used_mib": 1024, "require_no_processes": False,
                   "poll_interval_ms": opts.poll_interval_ms, "timeout_s": 30}
         plan = [("inprocess", be) for _ in range(opts.reps) for be in ("nvml", "nvidia-smi")]
         plan += [("module", be) for _ in range(opts.module_reps) for be in ("nvml", "nvidia-smi")]
+        plan += [("inprocess_100ms", be) for _ in range(opts.role_interval_reps) for be in ("nvml", "nvidia-smi")]
         for mode, be in plan:
             if time.monotonic() - t_start > opts.budget_s:
                 log("budget reached, stopping reps")
                 break
             ws.start(indices, opts.gib)
             box = {}
-            if mode == "inprocess":
+            if mode.startswith("inprocess"):
                 backend, _ = G.open_backend(be, runner=G.subprocess_runner, smi_path=smi)
+                interval = 100 if mode == "inprocess_100ms" else params["poll_interval_ms"]
+                rep_params = dict(params, poll_interval_ms=interval)
 
                 def go():
-                    ok, result, msg = wait_mod.run_wait(backend, params)
+                    ok, result, msg = wait_mod.run_wait(backend, rep_params)
                     box["t_ret"] = time.monotonic()
                     box["result"] = {"ok": ok, "elapsed_ms": result["elapsed_ms"], "polls": result["polls"]}
 
@@ -320,7 +340,7 @@ def main():
                 time.sleep(2.0)  # interpreter start, imports, backend open: let it reach its polling loop
             parent.send(20.0)
             t_kill = ws.kill()
-            if mode == "inprocess":
+            if mode.startswith("inprocess"):
                 th.join(35)
                 backend.close()
             else:
@@ -352,6 +372,20 @@ def main():
         res["kill_to_free_summary_ms"] = summary(release)
         log("latency (wait returned - memory free) ms:", json.dumps(res["latency_summary_ms"]))
         log("SIGKILL -> memory free ms:", json.dumps(res["kill_to_free_summary_ms"]))
+        wait_msg = res["module_wait_timeout"].get("msg") or ""
+        res["checks"] = {
+            "agreement_idle_exact": res["agreement_idle"]["exact"],
+            "agreement_loaded_exact": res["agreement_loaded"]["exact"],
+            "compute_pids_equal": res["compute_pids"]["equal"],
+            "module_info_ok": all(res["module_info_" + b]["_rc"] == 0 for b in ("nvml", "nvidia-smi")),
+            "wait_timeout_names_worker_pids_and_cmdlines": all(
+                "pid %d (" % p in wait_msg for p in pids.values()) and "multiprocessing.forkserver" in wait_msg,
+            "context_only_passes_memory_limit": not res["context_only_wait_memory"].get("failed", False),
+            "context_only_refused_by_require_no_processes": bool(res["context_only_wait_noproc"].get("failed")),
+            "median_latency_le_150ms": all(v["median"] <= 150 for d in res["latency_summary_ms"].values()
+                                           for v in d.values() if v),
+        }
+        log("checks:", json.dumps(res["checks"]))
     finally:
         res["total_s"] = round(time.monotonic() - t_start, 1)
         with open(os.path.join(opts.out, "results.json"), "w") as fh:
