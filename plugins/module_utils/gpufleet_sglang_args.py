@@ -202,11 +202,22 @@ def _evaluate(module, node, local=None, depth=0):
     return _UNRESOLVED
 
 
+def _unparse(node):
+    """Source text of a small expression (``json.loads``, ``DeprecatedAction``); ast.unparse is Python 3.9+."""
+    if hasattr(ast, "unparse"):
+        return ast.unparse(node)
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return _unparse(node.value) + "." + node.attr
+    return "?"
+
+
 def _type_from_node(node):
     """(type, type_name) for an argparse ``type=`` expression."""
     if node is None:
         return "str", None
-    name = ast.unparse(node) if hasattr(ast, "unparse") else getattr(node, "id", "?")
+    name = _unparse(node)
     return _BUILTIN_TYPES.get(name), name
 
 
@@ -276,7 +287,7 @@ def _option_from_add_argument(module, call, local):
         if isinstance(action_node, ast.Constant) and isinstance(action_node.value, str):
             action = action_node.value
         else:
-            action = action_node.attr if isinstance(action_node, ast.Attribute) else ast.unparse(action_node)
+            action = action_node.attr if isinstance(action_node, ast.Attribute) else _unparse(action_node)
             nargs = _action_nargs(module, action_node)
     if "nargs" in kw:
         value = _evaluate(module, kw["nargs"], local)
@@ -388,7 +399,7 @@ def _option_from_field(module, name, annotation, has_default):
         if isinstance(action_node, ast.Constant) and isinstance(action_node.value, str):
             action, nargs = action_node.value, None
         else:
-            action = action_node.attr if isinstance(action_node, ast.Attribute) else ast.unparse(action_node)
+            action = action_node.attr if isinstance(action_node, ast.Attribute) else _unparse(action_node)
             nargs = _action_nargs(module, action_node)
         kwargs = value("action_kwargs") or {}
         if "nargs" in kwargs:
@@ -407,7 +418,7 @@ def _option_from_field(module, name, annotation, has_default):
             # _infer_type_func maps anything but str/int/float to str
             type_name = type(first).__name__ if type(first).__name__ in _BUILTIN_TYPES else "str"
         else:
-            type_name = ast.unparse(type_parser)
+            type_name = _unparse(type_parser)
         return _make_option(names, name, "store", None, _BUILTIN_TYPES.get(type_name), type_name, choices,
                             False, source)
     if kind in ("List", "list") and type_parser is None:
