@@ -452,3 +452,15 @@ def test_help_text_parsing_reads_arity_and_choices():
     assert opts["--json-model-override-args"]["nargs"] == "?"
     assert opts["--trust-remote-code"]["nargs"] == 0
     assert opts["-h"]["action"] == "help"
+
+
+@pytest.mark.realrelease
+def test_releases_that_predate_eagle3_refuse_the_flag_set():
+    # 0.4.1.post6 knows only EAGLE; 0.3.6 has no speculative decoding flags at all.
+    result = check("0.4.1.post6", EAGLE3)
+    assert result["errors"] == [{"flag": "--speculative-algorithm", "message":
+                                 "argument --speculative-algorithm: invalid choice: 'EAGLE3' (choose from 'EAGLE')"}]
+    result = check("0.3.6", EAGLE3)
+    assert sorted(e["flag"] for e in result["errors"]) == [
+        "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-eagle-topk",
+        "--speculative-num-draft-tokens", "--speculative-num-steps"]
