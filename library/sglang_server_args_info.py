@@ -63,7 +63,8 @@ options:
       - V(help) runs C(<python> -m sglang.launch_server --help) (authoritative, but imports sglang, which needs the
         GPU software stack and can take a minute) and reads the option list; values are then checked only
         for arity and choices.
-      - V(auto) reads the source and falls back to V(help) when no argument definitions are recognised.
+      - V(auto) reads the source and falls back to V(help) when no argument definitions are recognised or
+        C(srt/server_args.py) cannot be read.
     type: str
     choices: [static, help, auto]
     default: auto
@@ -307,12 +308,17 @@ def main():
     result = dict(changed=False, sglang_version=version, sglang_path=package_dir)
 
     options, style, files, allow_abbrev, mode_used = [], "help", [], True, "help"
+    static_problem = None
     if p["mode"] in ("static", "auto"):
         try:
             static = read_static(package_dir)
         except SglangArgsError as exc:
-            module.fail_json(msg="cannot read the launch options of sglang %s: %s" % (version or "?", exc),
-                             **result)
+            # A layout this reader does not know (file moved or unparsable): --help still knows the flags.
+            if p["mode"] == "static" or not p["python"]:
+                module.fail_json(msg="cannot read the launch options of sglang %s: %s" % (version or "?", exc),
+                                 **result)
+            static = {"options": [], "style": "help", "files": [], "allow_abbrev": True}
+            static_problem = str(exc)
         options, style, files = static["options"], static["style"], static["files"]
         allow_abbrev, mode_used = static["allow_abbrev"], "static"
         if not options and p["mode"] == "static":
@@ -324,6 +330,8 @@ def main():
                                  % package_dir, **result)
         options, command = read_help(module, p["python"], p["help_timeout_s"])
         style, files, mode_used = "help", [command], "help"
+        if static_problem:
+            module.warn("static reading failed (%s); the flags were checked against --help" % static_problem)
 
     known = {}
     algorithms = read_speculative_algorithms(package_dir)

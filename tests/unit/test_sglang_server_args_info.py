@@ -159,6 +159,19 @@ def test_auto_falls_back_to_help_when_the_source_has_no_definitions(tmp_path, mo
     assert out["valid"] is False and "invalid choice: 'FOO'" in out["errors"][0]["message"]
 
 
+def test_auto_falls_back_to_help_when_server_args_is_unparsable(tmp_path, monkeypatch, capsys):
+    pkg = fake_release(tmp_path, "def broken(:\n")
+    monkeypatch.setenv("PYTHONPATH", str(pkg.parent))
+    python = fake_python(tmp_path, argparse_help())
+    rc, out = run_main({"python": python, "launch_args": {"model-path": "/m", "tp": 2}}, capsys)
+    assert rc == 0 and out["mode_used"] == "help" and out["valid"] is True
+    # 2.19+ returns warnings as structured summaries, older releases as strings: look at the text.
+    warnings = json.dumps(out["warnings"])
+    assert "static reading failed" in warnings and "cannot parse" in warnings
+    rc, out = run_main({"python": python, "mode": "static", "launch_args": {"model-path": "/m"}}, capsys)
+    assert rc == 1 and "cannot parse" in out["msg"]
+
+
 def test_static_mode_refuses_a_source_without_definitions(tmp_path, capsys):
     pkg = fake_release(tmp_path, "x = 1\n")
     rc, out = run_main({"package_dir": str(pkg), "mode": "static"}, capsys)
