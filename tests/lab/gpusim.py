@@ -86,10 +86,6 @@ def write_json_atomic(path, data):
     os.replace(tmp, path)
 
 
-def _pid_alive(pid):
-    return os.path.exists("/proc/%d" % pid)
-
-
 def process_name(pid):
     """What NVML reports as the process name: argv[0] of /proc/<pid>/cmdline (setproctitle changes it)."""
     try:
@@ -115,6 +111,8 @@ def gpu_snapshot(host_dir, now=None):
     state = read_json(os.path.join(host_dir, "gpu", "state.json"), {})
     gpus = gpu_identities(host_name)
     allocs = state.get("allocs", [])
+    # pids are those of the host's PID namespace: /proc only resolves them from inside the host
+    inside = os.path.normpath(find_host_dir() or "") == os.path.normpath(host_dir)
     utils = state.get("util", {})
     for g in gpus:
         g["used_mib"] = 0
@@ -127,8 +125,9 @@ def gpu_snapshot(host_dir, now=None):
         if rel == "never" or rel is None or (isinstance(rel, (int, float)) and rel > now):
             g = gpus[a["gpu"]]
             g["used_mib"] += int(a["mib"]) + CONTEXT_OVERHEAD_MIB
-            if rel is None and _pid_alive(a["pid"]):
-                name = process_name(a["pid"]) or a.get("name") or "python3"
+            # released_at is None exactly while the holder's connection to gpusimd is open (it is alive)
+            if rel is None:
+                name = (inside and process_name(a["pid"])) or a.get("name") or "python3"
                 g["apps"].append({"pid": a["pid"], "name": name, "used_mib": int(a["mib"])})
     for g in gpus:
         g["used_mib"] = min(g["used_mib"], MEMORY_TOTAL_MIB - MEMORY_RESERVED_MIB)

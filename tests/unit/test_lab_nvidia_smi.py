@@ -33,9 +33,11 @@ def rec(name):
 
 
 @pytest.fixture
-def idle_host(tmp_path):
+def idle_host(tmp_path, monkeypatch):
     host_dir = tmp_path / "gpu-lab-01"
     (host_dir / "gpu").mkdir(parents=True)
+    # as inside a lab host: the simulator resolves holder pids in /proc only for its own host
+    monkeypatch.setenv(gpusim.HOST_DIR_ENV, str(host_dir))
     return str(host_dir)
 
 
