@@ -233,6 +233,7 @@ class NvmlBackend:
         return self
 
     def close(self):
+        """``nvmlShutdown`` once; safe to call twice."""
         if self._open:
             self._open = False
             try:
@@ -635,6 +636,8 @@ class SmiBackend:
         return self._system
 
     def inventory(self):
+        """Identity of every GPU from ``--query-gpu=index,uuid,pci.bus_id,name``; ``minor_number`` from
+        /proc/driver/nvidia/gpus/<bus id>/information (None where that file is missing). Cached."""
         if self._inventory is None:
             rows = self._query("query-gpu", (("index", "index", _int), ("uuid", "uuid", _text),
                                              ("pci.bus_id", "pci_bus_id", _text), ("name", "name", _text)))
@@ -644,10 +647,13 @@ class SmiBackend:
         return self._inventory
 
     def memory(self, indices=None):
+        """``--query-gpu=index,uuid,memory.used,memory.total,memory.reserved`` (MiB): one nvidia-smi run."""
         rows = self._query("query-gpu", SMI_MEMORY_QUERY)
         return [r for r in sorted(rows, key=lambda r: r["index"]) if indices is None or r["index"] in indices]
 
     def details(self, indices=None):
+        """Every :data:`GPU_FIELDS` key from one ``--query-gpu`` run; the field behind each key is in
+        :data:`SMI_GPU_QUERY` ("[N/A]", "[Not Supported]" and fields this driver rejects -> None)."""
         minors = {g["index"]: g["minor_number"] for g in self.inventory()}
         out = []
         for r in sorted(self._query("query-gpu", SMI_GPU_QUERY), key=lambda r: r["index"]):
@@ -659,6 +665,9 @@ class SmiBackend:
         return out
 
     def compute_processes(self, indices=None):
+        """``--query-compute-apps=pid,used_memory,gpu_uuid,gpu_bus_id,process_name``; rows are matched to a
+        GPU by UUID (bus id as fallback). ``process_name`` is what the driver reports (the executable path,
+        or a setproctitle title)."""
         by_uuid = {g["uuid"]: g["index"] for g in self.inventory()}
         by_bus = {(g["pci_bus_id"] or "").lower(): g["index"] for g in self.inventory()}
         out = []
