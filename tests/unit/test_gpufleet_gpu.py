@@ -382,3 +382,29 @@ def test_wait_with_zero_timeout_polls_once():
     clock = Clock()
     out = G.wait_for_memory(ScriptedBackend([[5000]]), [0], 1024, timeout_s=0, clock=clock.now, sleep=clock.sleep)
     assert out["polls"] == 1 and not out["ready"] and clock.sleeps == []
+
+
+def test_smi_minor_numbers_come_from_the_driver_proc_files(tmp_path):
+    for bus, minor in (("0000:00:06.0", 3), ("0000:00:07.0", 1)):
+        d = tmp_path / bus
+        d.mkdir()
+        (d / "information").write_text("Model: \t\t NVIDIA H200\nIRQ:   \t\t 42\nDevice Minor: \t %d\n" % minor)
+    backend = G.SmiBackend(RecordedSmi(state="loaded"), "nvidia-smi", driver_root=str(tmp_path))
+    assert [g["minor_number"] for g in backend.inventory()] == [3, 1]
+
+
+def test_fd_scan_maps_device_nodes_by_minor_number_not_index(monkeypatch):
+    class Inv:
+        name = "nvidia-smi"
+
+        def inventory(self):
+            return [{"index": 0, "minor_number": 3}, {"index": 1, "minor_number": 1}]
+
+        def compute_processes(self, indices=None):
+            return []
+
+    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {50: ["/dev/nvidia3"], 51: ["/dev/nvidia0"]})
+    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: None for p in pids})
+    per_gpu, holders = G.gpu_processes(Inv(), [0, 1])
+    assert [p["pid"] for p in per_gpu[0]] == [50] and per_gpu[1] == []
+    assert {h["pid"]: h["gpu_indices"] for h in holders} == {50: [0], 51: []}  # no GPU has minor 0

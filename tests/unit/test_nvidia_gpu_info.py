@@ -136,3 +136,17 @@ def test_info_fails_when_no_backend_exists(monkeypatch, tmp_path):
     done = run_main(monkeypatch, MODULE, {})
     assert done.failed and "No GPU backend works here" in done.result["msg"]
     assert "nvidia-smi was not found" in done.result["msg"]
+
+
+def test_info_device_holders_match_their_documentation(monkeypatch, nvml):
+    recorded = recorded_process_info()
+    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {682: ["/dev/nvidia0", "/dev/nvidiactl"],
+                                                                 900: ["/dev/nvidiactl", "/dev/nvidia-uvm"]})
+    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: recorded.get(p) for p in pids})
+    r = run_main(monkeypatch, MODULE, {}).result
+    doc = return_doc()["device_holders"]["contains"]
+    holders = {h["pid"]: h for h in r["device_holders"]}
+    assert all(set(h) == set(doc) for h in holders.values())
+    assert holders[900]["gpu_indices"] == [] and holders[682]["gpu_indices"] == [0]
+    gpu0 = {p["pid"]: p["source"] for p in r["gpus"][0]["processes"]}
+    assert gpu0 == {682: ["nvml", "proc_fd"]}
