@@ -271,3 +271,99 @@ def test_lab_down_leaves_no_namespace_bridge_process_or_mount(tmp_path):
     assert os.listdir(lab_dir) == []
     again = subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
+
+
+def test_crash_on_start_fault_exits_1_after_loading_and_frees_the_gpus(lab):
+    host = lab.hosts[0]
+    lab.fault(host, crash_on_start=True, slow_load_s=0.2)
+    try:
+        pid = lab.start_standin(host)
+        deadline = time.time() + 30
+        while time.time() < deadline and pid in _ps(lab, host):
+            time.sleep(0.1)
+        assert pid not in _ps(lab, host)
+        assert not _workers(lab, host)
+        log = open(os.path.join(lab.host_dirs[host], "state", "standin-test.log")).read()
+        assert "crash_on_start" in log and "ready to roll" not in log
+    finally:
+        lab.clear_faults(host)
+    deadline = time.time() + 5
+    while time.time() < deadline and any(g["used_mib"] for g in lab.gpus(host)):
+        time.sleep(0.05)
+    assert not any(g["used_mib"] for g in lab.gpus(host))
+
+
+def test_orphan_worker_fault_survives_the_server_and_keeps_its_memory(lab):
+    host = lab.hosts[0]
+    lab.fault(host, orphan_worker=7)
+    pid = lab.start_standin(host)
+    orphan = None
+    try:
+        assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
+        orphan = _workers(lab, host)[7]
+        ppid = lab.exec(host, ["ps", "-o", "ppid=", "-p", str(orphan)], check=True).stdout.strip()
+        assert ppid == "1"
+        sids = lab.exec(host, ["ps", "-o", "sid=,pgid=", "-p", "%d,%d" % (orphan, pid)], check=True).stdout.split()
+        assert sids[0] != sids[2] and sids[1] != sids[3]  # another session and process group than the server
+        _stop_standin(lab, host, pid)
+        time.sleep(0.5)
+        assert _workers(lab, host) == {7: orphan}
+        assert lab.gpus(host)[7]["used_mib"] >= 120000 and lab.gpus(host)[0]["used_mib"] == 0
+    finally:
+        lab.clear_faults(host)
+        _stop_standin(lab, host, pid)
+        if orphan:
+            lab.exec(host, ["kill", "-KILL", str(orphan)])
+    deadline = time.time() + 5
+    while time.time() < deadline and lab.gpus(host)[7]["used_mib"]:
+        time.sleep(0.05)
+    assert lab.gpus(host)[7]["used_mib"] == 0
+
+
+def test_worker_ignores_sigterm_fault_needs_sigkill(lab):
+    host = lab.hosts[0]
+    lab.fault(host, worker_ignores_sigterm=True)
+    pid = lab.start_standin(host)
+    try:
+        assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
+        worker = _workers(lab, host)[0]
+        lab.exec(host, ["kill", "-TERM", str(worker)])
+        time.sleep(0.5)
+        assert worker in _ps(lab, host)
+    finally:
+        lab.clear_faults(host)
+        _stop_standin(lab, host, pid)
+    assert not _workers(lab, host)
+
+
+def test_stale_shm_fault_leaves_segments_in_that_hosts_dev_shm_only(lab):
+    host = lab.hosts[0]
+    lab.fault(host, stale_shm=True)
+    try:
+        time.sleep(0.3)
+        names = lab.exec(host, ["ls", "/dev/shm"], check=True).stdout.split()
+        assert "sgl_shm_1" in names and "cuda.shm.0" in names and any(n.startswith("nccl-") for n in names)
+        if len(lab.hosts) > 1:
+            assert "sgl_shm_1" not in lab.exec(lab.hosts[1], ["ls", "/dev/shm"], check=True).stdout.split()
+
+    finally:
+        lab.clear_faults(host)
+        lab.exec(host, ["sh", "-c", "rm -f /dev/shm/nccl-lab* /dev/shm/sgl_shm_1 /dev/shm/cuda.shm.0"])
+
+
+def test_generate_reports_tokens_at_the_configured_speed(lab):
+    host = lab.hosts[0]
+    lab.fault(host, tokens_per_s=400)
+    pid = lab.start_standin(host)
+    try:
+        assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
+        code = ("import json, urllib.request as u; r = u.urlopen(u.Request('http://127.0.0.1:30000/generate', "
+                "data=json.dumps({'text': 'a b c', 'sampling_params': {'max_new_tokens': 200}}).encode(), "
+                "headers={'Content-Type': 'application/json'})); print(r.read().decode())")
+        out = json.loads(lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", code], check=True).stdout)
+        meta = out["meta_info"]
+        assert meta["completion_tokens"] == 200 and meta["prompt_tokens"] == 3
+        assert 0.45 <= meta["e2e_latency"] < 2.0
+    finally:
+        lab.clear_faults(host)
+        _stop_standin(lab, host, pid)
