@@ -239,6 +239,18 @@ def test_monitor_keeps_nvidia_nodes_open_on_every_host(lab):
         assert len(mon) == 1, procs
         fds = lab.exec(host, ["sh", "-c", "readlink /proc/%d/fd/*" % mon[0]]).stdout.split()
         assert {"/dev/nvidiactl", "/dev/nvidia0"} <= set(fds)
+        comm = lab.exec(host, ["cat", "/proc/%d/comm" % mon[0]], check=True).stdout.strip()
+        assert comm == "nvidia-persiste"
+
+
+def test_proc_driver_nvidia_maps_bus_ids_to_minor_numbers(lab):
+    host = lab.hosts[0]
+    for g in lab.gpus(host):
+        bus = "%04x:%s" % (int(g["pci_bus_id"][:8], 16), g["pci_bus_id"][9:].lower())
+        info = lab.exec(host, ["cat", "/proc/driver/nvidia/gpus/%s/information" % bus], check=True).stdout
+        minor = [l for l in info.splitlines() if l.startswith("Device Minor:")]
+        assert int(minor[0].split(":", 1)[1]) == g["index"]
+        assert g["uuid"] in info
 
 
 def test_lab_down_leaves_no_namespace_bridge_process_or_mount(tmp_path):

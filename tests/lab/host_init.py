@@ -82,6 +82,26 @@ def setup_dev(host_dir, shm_mib):
     nsutil.mount(stage, "/dev", None, nsutil.MS_MOVE)
 
 
+def setup_proc_driver(host_name):
+    """/proc/driver/nvidia as the driver shows it (version, gpus/<bus id>/information with "Device Minor"),
+    on a tmpfs over the fresh procfs's /proc/driver of this host: tools map GPUs to /dev/nvidiaN with it."""
+    root = "/proc/driver"
+    nsutil.mount("tmpfs", root, "tmpfs", nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC, "mode=555,size=256k")
+    os.makedirs(os.path.join(root, "nvidia", "gpus"))
+    with open(os.path.join(root, "nvidia", "version"), "w") as fh:
+        fh.write("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  (gpufleet lab)\n"
+                 "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n" % gpusim.DRIVER_VERSION)
+    for g in gpusim.gpu_identities(host_name):
+        bus = "%04x:%s" % (int(g["pci_bus_id"][:8], 16), g["pci_bus_id"][9:].lower())
+        d = os.path.join(root, "nvidia", "gpus", bus)
+        os.makedirs(d)
+        with open(os.path.join(d, "information"), "w") as fh:
+            fh.write("Model: \t\t %s\nIRQ:   \t\t %d\nGPU UUID: \t %s\nVideo BIOS: \t 96.00.a5.00.1a\n"
+                     "Bus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\n"
+                     "Bus Location: \t %s\nDevice Minor: \t %d\nGPU Firmware: \t %s\nGPU Excluded:\t No\n"
+                     % (gpusim.GPU_NAME, 100 + g["index"], g["uuid"], bus, g["minor_number"], gpusim.DRIVER_VERSION))
+
+
 def setup_net(ip_cidr):
     script = "link set lo up\naddr add %s dev eth0\nlink set eth0 up\n" % ip_cidr
     subprocess.run(["ip", "-batch", "-"], input=script.encode(), check=True)
@@ -235,10 +255,11 @@ class HostInit:
     def start_monitor(self):
         def body():
             # Like nvidia-persistenced/dcgm: keeps the control node and a GPU node open.
+            nsutil.set_comm("nvidia-persistenced")
             fds = [os.open("/dev/nvidiactl", os.O_RDWR), os.open("/dev/nvidia0", os.O_RDWR)]  # noqa: F841
             while True:
                 signal.pause()
-        self._fork_child("monitor", "/usr/bin/nvidia-persistenced --user root --verbose", body)
+        self._fork_child("monitor", "/usr/bin/nvidia-persistenced --user nvidia-persistenced --verbose", body)
 
     def start_sshd(self):
         cfg = write_sshd_config(self.host, self.host_dir)
@@ -307,6 +328,7 @@ class HostInit:
         setproctitle("gpufleet-lab-init %s (gpusimd) %s" % (h["name"], self.host_dir))
         nsutil.mount("proc", "/proc", "proc", nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
         setup_dev(self.host_dir, int(h.get("shm_mib", 1024)))
+        setup_proc_driver(h["name"])
         socket.sethostname(h["name"])
         setup_net(h["ip_cidr"])
         self.gpusimd = Gpusimd(self.host_dir, float(h.get("release_delay_ms", 150)))

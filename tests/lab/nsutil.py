@@ -23,6 +23,7 @@ MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -57,6 +58,13 @@ def setns(fd, nstype):
 def set_pdeathsig(sig):
     """Ask the kernel to send ``sig`` to this process when its parent thread dies (prctl)."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+
+
+def set_comm(name):
+    """Set /proc/self/comm (15 bytes max, what ps -o comm and psutil name() show) with prctl(PR_SET_NAME).
+
+    setproctitle sets comm to the start of the title; real programs keep their executable's name."""
+    _check(_libc.prctl(PR_SET_NAME, ctypes.c_char_p(os.fsencode(name)[:15]), 0, 0, 0), "prctl(PR_SET_NAME)")
 
 
 def mounts_under(path):

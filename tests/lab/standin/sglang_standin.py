@@ -519,6 +519,8 @@ def main(argv=None):
     _title("%s -m sglang.launch_server %s" % (sys.executable, " ".join(argv)))
     if not user_noenv:
         del os.environ["SPT_NOENV"]
+    import nsutil
+    nsutil.set_comm(os.path.basename(sys.executable))  # the real main process's comm is its interpreter's
     import sglang_exec
     res = sglang_exec.run_set_envs_and_config(sglang_exec.set_envs_source(pkg_dir), os.environ,
                                               server_args=vars(args))
