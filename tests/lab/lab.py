@@ -445,11 +445,36 @@ def _lab_init_of(names, pid):
                 and (os.path.join(names.lab_dir, "hosts") + "/") in cl)
 
 
+def lab_netns_pids(names):
+    """Pids of every process inside one of this lab's network namespaces (matched by namespace inode)."""
+    inodes = set()
+    try:
+        for entry in os.listdir("/run/netns"):
+            if entry.startswith(names.netns_prefix):
+                try:
+                    inodes.add(os.stat(os.path.join("/run/netns", entry)).st_ino)
+                except OSError:
+                    pass
+    except OSError:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat("/proc/%s/ns/net" % entry).st_ino in inodes:
+                    pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
 def cmd_down(args):
     names = Names(args.lab_dir)
     state = load_state(names) or {}
     pids = {h.get("init_pid") for h in state.get("hosts", []) if h.get("init_pid")}
     pids = {p for p in pids if _lab_init_of(names, p)} | set(lab_init_pids(names))
+    # plus anything else living in the lab's network namespaces (all of it is the lab's)
+    pids |= set(lab_netns_pids(names)) - {os.getpid()}
     # Each host's processes live in a PID namespace whose init we started: killing that init makes the
     # kernel kill everything in the namespace (and nothing else).
     for pid in pids:
@@ -458,7 +483,7 @@ def cmd_down(args):
         except ProcessLookupError:
             pass
     deadline = time.time() + 10
-    while any(os.path.exists("/proc/%d" % p) and _lab_init_of(names, p) for p in pids) and time.time() < deadline:
+    while set(lab_netns_pids(names)) and time.time() < deadline:
         time.sleep(0.05)
     for mp in nsutil.mounts_under(names.lab_dir):
         try:
@@ -497,7 +522,7 @@ def cmd_down(args):
             os.rmdir(os.path.join(d, "group_vars"))
         except OSError:
             pass
-    log("lab down: %s (%d hosts stopped, %d network namespaces removed)" % (names.lab_dir, len(pids), len(netns)))
+    log("lab down: %s (%d processes stopped, %d network namespaces removed)" % (names.lab_dir, len(pids), len(netns)))
     return 0
 
 

@@ -436,12 +436,16 @@ class Server:
 
             def do_GET(self):
                 path = self.path.split("?", 1)[0]
+                if path == "/health" and version_tuple(server.version) < (0, 5, 0):
+                    # up to 0.4.10 /health answers 200 as soon as HTTP is up (FIELD-NOTES)
+                    return self._send(200)
                 if path in ("/health", "/health_generate"):
                     ok = server.warm and not server.shutting_down
                     return self._send(200 if ok else 503)
-                if path in ("/get_model_info", "/model_info"):
+                new_names = version_tuple(server.version) >= (0, 5, 6)  # /model_info, /server_info from 0.5.6
+                if path == "/get_model_info" or (new_names and path == "/model_info"):
                     return self._send(200, server.model_info())
-                if path in ("/get_server_info", "/server_info"):
+                if path == "/get_server_info" or (new_names and path == "/server_info"):
                     return self._send(200, server.server_info())
                 if path == "/v1/models":
                     name = getattr(server.args, "served_model_name", None) or server.args.model_path
