@@ -35,6 +35,17 @@ def _workers(lab, host):
             for m in [re.fullmatch(r"sglang::scheduler_TP(\d+)", args)] if m}
 
 
+def _start(lab, host, extra_env=None):
+    """Start the stand-in with the inventory's EAGLE-3 args, or without the speculative flags on releases
+    that do not have EAGLE3 yet (before 0.4.5 argparse rejects them, as real SGLang does)."""
+    version = tuple(int(x) for x in re.findall(r"\d+", lab.group_vars["lab_sglang_version"])[:3])
+    args = None
+    if version < (0, 4, 5):
+        hv = lab.host_vars(host)["sglang_launch_args"]
+        args = {"model-path": hv["model-path"], "tp-size": 8}
+    return lab.start_standin(host, extra_env=extra_env, args=args)
+
+
 def _stop_standin(lab, host, pid, timeout_s=20):
     lab.exec(host, ["kill", "-TERM", str(pid)])
     deadline = time.time() + timeout_s
@@ -116,8 +127,10 @@ def test_patching_one_host_leaves_the_others_and_the_release_untouched(lab):
     if len(lab.hosts) < 2:
         pytest.skip("needs two hosts")
     first, second = lab.hosts[0], lab.hosts[1]
-    find = ("import importlib.util, os; print(os.path.join(importlib.util.find_spec('sglang')"
-            ".submodule_search_locations[0], 'srt', 'entrypoints', 'engine.py'))")
+    # engine.py from 0.4.1.post7, srt/server.py before (FIELD-NOTES)
+    find = ("import importlib.util, os; d = importlib.util.find_spec('sglang').submodule_search_locations[0]; "
+            "e = os.path.join(d, 'srt', 'entrypoints', 'engine.py'); "
+            "print(e if os.path.exists(e) else os.path.join(d, 'srt', 'server.py'))")
     paths = {h: lab.exec(h, [lab.host_vars(h)["sglang_python"], "-c", find], check=True).stdout.strip()
              for h in (first, second)}
     assert paths[first].startswith(lab.host_dirs[first] + "/venv/")
@@ -137,7 +150,7 @@ def test_patching_one_host_leaves_the_others_and_the_release_untouched(lab):
 def test_standin_serves_holds_gpu_memory_passes_nccl_env_and_releases_on_sigterm(lab):
     host = lab.hosts[-1]
     env = dict(NCCL, SPT_NOENV="1")
-    pid = lab.start_standin(host, extra_env=env)
+    pid = _start(lab, host, extra_env=env)
     try:
         assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
         workers = _workers(lab, host)
@@ -179,7 +192,7 @@ def test_standin_serves_holds_gpu_memory_passes_nccl_env_and_releases_on_sigterm
 def test_worker_environ_is_overwritten_by_setproctitle_without_spt_noenv(lab):
     """Like real SGLang workers (setproctitle), /proc/<worker>/environ hides the environment unless SPT_NOENV."""
     host = lab.hosts[0]
-    pid = lab.start_standin(host, extra_env=dict(NCCL))
+    pid = _start(lab, host, extra_env=dict(NCCL))
     try:
         assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
         wpid = _workers(lab, host)[0]
@@ -198,7 +211,7 @@ def test_port_held_fault_fails_the_start_only_after_loading(lab):
         time.sleep(0.3)
         assert any(a.startswith("stray-listener") for a in _ps(lab, host).values())
         t0 = time.time()
-        pid = lab.start_standin(host)
+        pid = _start(lab, host)
         deadline = time.time() + 30
         while time.time() < deadline and pid in _ps(lab, host):
             time.sleep(0.1)
@@ -289,7 +302,7 @@ def test_crash_on_start_fault_exits_1_after_loading_and_frees_the_gpus(lab):
     host = lab.hosts[0]
     lab.fault(host, crash_on_start=True, slow_load_s=0.2)
     try:
-        pid = lab.start_standin(host)
+        pid = _start(lab, host)
         deadline = time.time() + 30
         while time.time() < deadline and pid in _ps(lab, host):
             time.sleep(0.1)
@@ -308,7 +321,7 @@ def test_crash_on_start_fault_exits_1_after_loading_and_frees_the_gpus(lab):
 def test_orphan_worker_fault_survives_the_server_and_keeps_its_memory(lab):
     host = lab.hosts[0]
     lab.fault(host, orphan_worker=7)
-    pid = lab.start_standin(host)
+    pid = _start(lab, host)
     orphan = None
     try:
         assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
@@ -335,7 +348,7 @@ def test_orphan_worker_fault_survives_the_server_and_keeps_its_memory(lab):
 def test_worker_ignores_sigterm_fault_needs_sigkill(lab):
     host = lab.hosts[0]
     lab.fault(host, worker_ignores_sigterm=True)
-    pid = lab.start_standin(host)
+    pid = _start(lab, host)
     try:
         assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
         worker = _workers(lab, host)[0]
@@ -366,7 +379,7 @@ def test_stale_shm_fault_leaves_segments_in_that_hosts_dev_shm_only(lab):
 def test_generate_reports_tokens_at_the_configured_speed(lab):
     host = lab.hosts[0]
     lab.fault(host, tokens_per_s=400)
-    pid = lab.start_standin(host)
+    pid = _start(lab, host)
     try:
         assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
         code = ("import json, urllib.request as u; r = u.urlopen(u.Request('http://127.0.0.1:30000/generate', "
