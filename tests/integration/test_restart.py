@@ -213,3 +213,30 @@ def test_second_run_is_refused_while_a_host_is_locked(lab):
         assert lab.exec(host, ["test", "-d", lock]).returncode == 0, "another run's lock must be left alone"
     finally:
         lab.exec(host, ["rm", "-rf", lock])
+
+
+def test_throughput_regression_fails_and_keeps_last_good(lab):
+    host = lab.hosts[0]
+    ensure_serving(lab, [host])
+    last_good = "%s/last_good.json" % lab.host_vars(host)["sglang_state_dir"]
+    lab.exec(host, ["rm", "-f", last_good])
+    smoke = dict(FAST, sglang_verify_throughput=True, sglang_verify_throughput_requests=4,
+                 sglang_verify_throughput_concurrency=4, sglang_verify_throughput_max_new_tokens=100)
+    lab.fault(host, tokens_per_s=1000)
+    try:
+        good = lab.run_playbook(PLAYBOOK, extravars=smoke, limit=host, tags="verify")
+        assert good.status == "successful", stdout_of(good)[-3000:]
+        stored = json.loads(lab.exec(host, ["cat", last_good], check=True).stdout)
+        assert stored["tokens_per_s"] > 500  # 4 parallel requests at 1000 tokens/s each, minus HTTP overhead
+        lab.fault(host, tokens_per_s=100)  # a tenth: far beyond the 30 % allowed
+        slow = lab.run_playbook(PLAYBOOK, extravars=smoke, limit=host, tags="verify")
+        assert slow.status == "failed"
+        msgs = " ".join(d["res"].get("msg", "") for d in lab.events(slow, "runner_on_failed"))
+        assert "below the last good" in msgs and str(stored["tokens_per_s"]) in msgs
+        assert json.loads(lab.exec(host, ["cat", last_good], check=True).stdout) == stored
+        table = stdout_of(slow).split("GPUFLEET SUMMARY", 1)[1]
+        line = next(l for l in table.splitlines() if l.startswith(host + " "))
+        assert line.split()[1] == "failed"
+    finally:
+        lab.fault(host, tokens_per_s=None)
+        lab.exec(host, ["rm", "-f", last_good])

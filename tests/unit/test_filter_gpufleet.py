@@ -119,3 +119,32 @@ def test_summary_table_aligns_and_marks_missing_values():
     assert lines[1].split() == ["gpu-a", "ok", "41.2", "830", "1520.4", "ok", "10", "20"]
     assert lines[2].split() == ["gpu-bb", "failed", "-", "-", "-", "fail", "-", "-"]
     assert lines[1].index("41.2") == lines[0].index("downtime_s")
+
+
+def _render_unit(**overrides):
+    import pathlib
+    import jinja2
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(root / "roles" / "sglang_launch" / "templates")),
+                             trim_blocks=True, keep_trailing_newline=True)
+    env.filters.update(f.FilterModule().filters())
+    argv = f.sglang_argv({"model-path": "/models/Llama 3.1 8B", "served-model-name": "m%1$x", "tp-size": 8,
+                          "trust-remote-code": True}, LAUNCHER, "0.0.0.0", 30000)
+    values = dict(_sglang_launch_port=30000, _sglang_launch_host="0.0.0.0", sglang_service_user="sglang",
+                  sglang_launch_chdir="/var/lib/gpufleet", sglang_launch_env={"NCCL_PROTO": "LL", "ODD": 'a "b" 5%'},
+                  sglang_launch_argv=argv, sglang_launch_stop_timeout_s=60, sglang_launch_systemd_restart="no",
+                  sglang_launch_log_file="/var/lib/gpufleet/sglang.log")
+    values.update(overrides)
+    return argv, env.get_template("sglang.service.j2").render(**values)
+
+
+def test_unit_template_execstart_round_trips_the_argv_and_carries_env_user_killmode():
+    argv, unit = _render_unit()
+    lines = unit.splitlines()
+    [exec_start] = [l for l in lines if l.startswith("ExecStart=")]
+    assert _systemd_split(exec_start[len("ExecStart="):]) == argv
+    assert 'Environment="NCCL_PROTO=LL"' in lines
+    assert 'Environment="ODD=a \\"b\\" 5%%"' in lines
+    assert "User=sglang" in lines and "KillMode=control-group" in lines and "TimeoutStopSec=60" in lines
+    assert "Restart=no" in lines and "SuccessExitStatus=137 SIGKILL" in lines
+    assert "StandardOutput=append:/var/lib/gpufleet/sglang.log" in lines
