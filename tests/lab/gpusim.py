@@ -407,6 +407,44 @@ def table(gpus, now, host_dir):
     return "".join(line + "\n" for line in out)
 
 
+def _xml_sub(block, tag, value):
+    return re.sub(r"<%s>[^<]*</%s>" % (tag, tag), "<%s>%s</%s>" % (tag, value, tag), block, count=1)
+
+
+def query_xml(gpus, host_dir, now):
+    """``nvidia-smi -q -x``: the recorded H200 document (data/h200x2-driver580/idle-q.xml), its first GPU
+    block repeated per GPU with this GPU's identity, memory, utilization, temperature, power, processes."""
+    with open(os.path.join(_DATA, "h200x2-driver580", "idle-q.xml")) as fh:
+        doc = fh.read()
+    head, rest = doc.split("\t<gpu id=", 1)
+    first = "\t<gpu id=" + rest.split("\t</gpu>\n", 1)[0] + "\t</gpu>\n"
+    tail = "</nvidia_smi_log>\n"
+    head = _xml_sub(head, "timestamp", time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)))
+    head = _xml_sub(head, "driver_version", DRIVER_VERSION)
+    head = _xml_sub(head, "attached_gpus", str(len(gpus)))
+    blocks = []
+    for g in gpus:
+        b = first.replace('<gpu id="00000000:00:06.0">', '<gpu id="%s">' % g["pci_bus_id"], 1)
+        for tag, value in (("serial", g["serial"]), ("uuid", g["uuid"]), ("minor_number", g["minor_number"]),
+                           ("pci_bus", g["pci_bus_id"][9:11]), ("pci_device", g["pci_bus_id"][12:14]),
+                           ("pci_bus_id", g["pci_bus_id"]), ("used", "%d MiB" % g["used_mib"]),
+                           ("free", "%d MiB" % (MEMORY_TOTAL_MIB - MEMORY_RESERVED_MIB - g["used_mib"])),
+                           ("gpu_util", "%d %%" % g["util"]), ("memory_util", "%d %%" % (g["util"] // 3)),
+                           ("gpu_temp", "%s C" % _gpu_value("temperature.gpu", g, host_dir, now)[0]),
+                           ("average_power_draw", "%s W" % _gpu_value("power.draw", g, host_dir, now)[0]),
+                           ("instant_power_draw", "%s W" % _gpu_value("power.draw", g, host_dir, now)[0])):
+            b = _xml_sub(b, tag, value)
+        procs = "".join(
+            "\t\t\t<process_info>\n\t\t\t\t<gpu_instance_id>N/A</gpu_instance_id>\n"
+            "\t\t\t\t<compute_instance_id>N/A</compute_instance_id>\n\t\t\t\t<pid>%d</pid>\n"
+            "\t\t\t\t<type>C</type>\n\t\t\t\t<process_name>%s</process_name>\n"
+            "\t\t\t\t<used_memory>%d MiB</used_memory>\n\t\t\t</process_info>\n"
+            % (a["pid"], a["name"].replace("&", "&amp;").replace("<", "&lt;"), a["used_mib"]) for a in g["apps"])
+        b = b.replace("\t\t<processes>\n\t\t</processes>\n", "\t\t<processes>\n%s\t\t</processes>\n" % procs, 1)
+        blocks.append(b)
+    return head + "\n".join(blocks) + "\n" + tail
+
+
 def _usage():
     return ("NVIDIA System Management Interface -- v%s (gpufleet lab simulator)\n\n"
             "Supported: nvidia-smi [-i ID] [-L] [--query-gpu=F --format=csv[,noheader][,nounits]]\n"
@@ -455,8 +493,10 @@ def run(argv, host_dir, now=None):
             return query_apps(gpus, opts["--query-compute-apps"], opts["--format"], now), 0
         if "-L" in opts or "--list-gpus" in opts:
             return list_gpus(gpus), 0
+        if ("-q" in opts or "--query" in opts) and ("-x" in opts or "--xml-format" in opts):
+            return query_xml(gpus, host_dir, now), 0
         if "-q" in opts or "--query" in opts:
-            raise SmiError("-q is not simulated by the gpufleet lab; use --query-gpu.\n", 2)
+            raise SmiError("plain -q is not simulated by the gpufleet lab; use -q -x or --query-gpu.\n", 2)
         return table(gpus, now, host_dir), 0
     except SmiError as exc:
         return exc.text, exc.rc

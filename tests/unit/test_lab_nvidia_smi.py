@@ -5,7 +5,8 @@ shared recordings; H200 ×2, driver 580.159.04) is run against the simulator in 
 holder per GPU) and compared structurally: identical header line, same number of columns, ", " separators,
 the same unit suffix / "[N/A]" / hex / UUID / bus-id form in each column, the same table layout (every
 ``|`` and ``+`` in the same column), trailing newline conventions, error text and exit code.
-Values differ by design (8 GPUs, other UUIDs, simulated power). ``-q -x`` is not simulated.
+Values differ by design (8 GPUs, other UUIDs, simulated power). ``-q -x`` is the recorded document with the
+GPU block repeated per simulated GPU.
 """
 import os
 import re
@@ -224,3 +225,28 @@ def rec_help(name):
 def test_identities_are_distinct_across_hosts():
     ids = [g["uuid"] for h in ("gpu-lab-01", "gpu-lab-02") for g in gpusim.gpu_identities(h)]
     assert len(set(ids)) == 16
+
+
+def _tags(elem):
+    return [e.tag for e in elem.iter()]
+
+
+def test_q_x_has_the_recorded_structure_per_gpu_and_lists_processes(loaded_host, holder):
+    import xml.etree.ElementTree as ET
+    out, rc = sim(loaded_host, ["-q", "-x"])
+    assert rc == 0
+    recorded = rec("idle-q.xml")
+    assert out.splitlines()[:3] == recorded.splitlines()[:3]  # xml declaration, DOCTYPE, root
+    doc = ET.fromstring(re.sub(r"<!DOCTYPE[^>]*>", "", out))
+    ref = ET.fromstring(re.sub(r"<!DOCTYPE[^>]*>", "", recorded))
+    assert doc.find("attached_gpus").text == "8"
+    gpus = doc.findall("gpu")
+    assert [g.find("minor_number").text for g in gpus] == [str(i) for i in range(8)]
+    ref_tags = [t for t in _tags(ref.find("gpu")) if t != "process_info"]
+    for g in gpus:
+        assert [t for t in _tags(g) if t not in ("process_info", "gpu_instance_id", "compute_instance_id", "pid",
+                                                    "type", "process_name", "used_memory")] == ref_tags
+        assert g.find("fb_memory_usage/used").text == "31339 MiB"
+        assert g.find("processes/process_info/pid").text == str(holder)
+        assert g.find("processes/process_info/used_memory").text == "31330 MiB"
+    assert out.endswith("\t</gpu>\n\n</nvidia_smi_log>\n") and recorded.endswith("\t</gpu>\n\n</nvidia_smi_log>\n")
