@@ -392,3 +392,20 @@ def test_generate_reports_tokens_at_the_configured_speed(lab):
     finally:
         lab.clear_faults(host)
         _stop_standin(lab, host, pid)
+
+
+def test_full_dev_shm_makes_the_next_start_die_with_sigbus(lab):
+    host = lab.hosts[0]
+    fill = "dd if=/dev/zero of=/dev/shm/lab-filler bs=1M count=100000 2>/dev/null; true"
+    lab.exec(host, ["sh", "-c", fill], check=True)
+    try:
+        free = lab.exec(host, ["sh", "-c", "df -m /dev/shm | tail -1"], check=True).stdout.split()
+        assert int(free[3]) < 64
+        hv = lab.host_vars(host)
+        res = lab.exec(host, [hv["sglang_python"], hv["sglang_launcher"][1], "--model-path",
+                              hv["sglang_launch_args"]["model-path"], "--tp-size", "8"], timeout=60)
+        assert res.returncode == 128 + 7 or res.returncode == -7, (res.returncode, res.stderr)
+        assert "Bus error" in res.stderr
+        assert not _workers(lab, host)
+    finally:
+        lab.exec(host, ["rm", "-f", "/dev/shm/lab-filler"])

@@ -654,6 +654,7 @@ def main(argv=None):
     fa.add_argument("knobs", nargs="*")
     fa.add_argument("--clear", action="store_true", help="drop all knobs before applying these")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lab.py status | head` ends quietly
     try:
         return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec, "fault": cmd_fault}[args.cmd](args)
     except LabError as exc:

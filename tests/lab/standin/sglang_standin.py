@@ -45,6 +45,7 @@ DEFAULT_TOKENS_PER_S = 120.0
 DEFAULT_LOAD_S = 1.0
 WARMUP_S = 0.3
 DRAIN_POLL_S = 0.2
+SHM_NEEDED_MIB = 64  # below this much free /dev/shm the stand-in dies like SGLang on a full /dev/shm
 
 
 def log(msg):
@@ -476,6 +477,15 @@ class Server:
         f = faults()
         log("server_args=ServerArgs(%s)" % ", ".join("%s=%r" % kv for kv in sorted(vars(self.args).items())
                                                      if kv[1] not in (None, False)))
+        # NCCL and SGLang map segments in /dev/shm; when it is full the first write faults: SIGBUS (FIELD-NOTES).
+        try:
+            st = os.statvfs("/dev/shm")
+            if st.f_bavail * st.f_frsize < SHM_NEEDED_MIB << 20:
+                log("Fatal Python error: Bus error (/dev/shm has %d MiB free)" % (st.f_bavail * st.f_frsize >> 20))
+                signal.signal(signal.SIGBUS, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGBUS)
+        except OSError:
+            pass
         self.spawn_workers(f)
         log("Load weight begin. (lab stand-in; sglang %s from %s)" % (self.version, self.pkg_dir))
         time.sleep(float(f.get("slow_load_s", DEFAULT_LOAD_S)))
