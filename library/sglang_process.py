@@ -57,6 +57,21 @@ options:
     description: Lines of O(log_file) included in a failure message.
     type: int
     default: 40
+  wait_port:
+    description:
+      - After starting, wait until this TCP port accepts connections on O(wait_host), failing at once with the
+        log tail if the process exits first (SGLang opens its HTTP port only after loading the model, and a
+        load that crashes would otherwise be noticed only when a plain port wait times out).
+      - Not set (default) means no wait.
+    type: int
+  wait_host:
+    description: Address to connect to for O(wait_port).
+    type: str
+    default: 127.0.0.1
+  wait_timeout_s:
+    description: Seconds to wait for O(wait_port); on timeout the task fails and the process is left running.
+    type: float
+    default: 900
 attributes:
   check_mode:
     support: full
@@ -108,9 +123,14 @@ log_tail:
   description: Last lines of the log file, on failure only.
   returned: failure
   type: str
+port_wait_ms:
+  description: Milliseconds from the start until O(wait_port) accepted a connection; null without O(wait_port).
+  returned: always
+  type: int
 """
 
 import os
+import socket
 import subprocess
 import tempfile
 import time
@@ -216,6 +236,26 @@ def start_detached(argv, env, chdir, log_file):
         os.close(log_fd)
 
 
+def wait_port_or_exit(proc, host, port, timeout_s, poll_s=0.25):
+    """Wait until ``host:port`` accepts a TCP connection or ``proc`` exits.
+
+    Returns ("open", None), ("exited", returncode) or ("timeout", None).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            return "exited", rc
+        try:
+            with socket.create_connection((host, port), timeout=min(1.0, poll_s * 4)):
+                return "open", None
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            return "timeout", None
+        time.sleep(poll_s)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -228,13 +268,16 @@ def main():
             pid_file=dict(type="path", required=True),
             startup_check_s=dict(type="float", default=2),
             log_tail_lines=dict(type="int", default=40),
+            wait_port=dict(type="int"),
+            wait_host=dict(type="str", default="127.0.0.1"),
+            wait_timeout_s=dict(type="float", default=900),
         ),
         supports_check_mode=True,
     )
     p = module.params
     argv = p["argv"]
     result = dict(changed=False, started=False, pid=None, started_at=None, argv=argv,
-                  log_file=p["log_file"], pid_file=p["pid_file"])
+                  log_file=p["log_file"], pid_file=p["pid_file"], port_wait_ms=None)
     if not argv or not argv[0]:
         module.fail_json(msg="argv must name a command as its first element", **result)
     for path_key in ("log_file", "pid_file"):
@@ -272,6 +315,20 @@ def main():
                              % (argv[0], rc, p["startup_check_s"], p["log_file"]),
                              rc=rc, log_tail=log_tail(p["log_file"], p["log_tail_lines"]), **result)
         time.sleep(0.1)
+    if p["wait_port"]:
+        state, rc = wait_port_or_exit(proc, p["wait_host"], p["wait_port"], p["wait_timeout_s"])
+        result["port_wait_ms"] = int((time.time() - started_at) * 1000)
+        if state == "exited":
+            if os.path.exists(p["pid_file"]):
+                os.unlink(p["pid_file"])
+            module.fail_json(msg="%s exited with status %d after %.1f s, before port %d opened; full log: %s"
+                             % (argv[0], rc, time.time() - started_at, p["wait_port"], p["log_file"]),
+                             rc=rc, log_tail=log_tail(p["log_file"], p["log_tail_lines"]), **result)
+        if state == "timeout":
+            module.fail_json(msg="port %s:%d not open %.0f s after starting pid %d (still running: the model may "
+                             "still be loading; raise the timeout or read %s)"
+                             % (p["wait_host"], p["wait_port"], p["wait_timeout_s"], proc.pid, p["log_file"]),
+                             log_tail=log_tail(p["log_file"], p["log_tail_lines"]), **result)
     module.exit_json(msg="started pid %d" % proc.pid, **result)
 
 

@@ -240,3 +240,24 @@ def test_throughput_regression_fails_and_keeps_last_good(lab):
     finally:
         lab.fault(host, tokens_per_s=None)
         lab.exec(host, ["rm", "-f", last_good])
+
+
+def test_launch_failure_shows_log_tail_and_names_the_full_log(lab):
+    host = lab.hosts[-1]
+    ensure_serving(lab, [host])
+    lab.fault(host, crash_on_start=True)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        out = stdout_of(runner)
+        assert runner.status == "failed"
+        log_file = "%s/sglang.log" % lab.host_vars(host)["sglang_state_dir"]
+        [tail] = [d for d in lab.events(runner, "runner_on_ok", "debug")
+                  if d["task"] == "Show the end of the server log"]
+        assert tail["res"]["msg"], "log tail is empty"
+        msgs = [d["res"]["msg"] for d in lab.events(runner, "runner_on_failed") if d["host"] == host]
+        assert any(log_file in m and "did not start or did not answer" in m for m in msgs), msgs
+        assert "The old server is stopped and no new one serves" in out
+        assert lab.events(runner, "runner_on_ok", "sglang_worker_env_info") == []
+    finally:
+        lab.clear_faults(host)
+    ensure_serving(lab, [host])

@@ -89,3 +89,35 @@ def test_build_env_overrides_and_removes():
     env = proc_mod.build_env({"A": 1, "B": None, "C": False}, True, base={"B": "x", "PATH": "/bin"})
     assert env == {"A": "1", "C": "0", "PATH": "/bin"}
     assert proc_mod.build_env({"A": "v"}, False, base={"PATH": "/bin"}) == {"A": "v"}
+
+
+def test_wait_port_fails_at_once_with_log_tail_when_the_server_dies_while_loading(tmp_path, capsys):
+    code = "import sys,time;time.sleep(0.5);print('RuntimeError: scheduler failed while loading',flush=True);sys.exit(1)"
+    started = time.monotonic()
+    rc, result = run_main({"argv": [sys.executable, "-c", code], "log_file": str(tmp_path / "s.log"),
+                           "pid_file": str(tmp_path / "s.pid"), "startup_check_s": 0.1,
+                           "wait_port": _free_port(), "wait_timeout_s": 60}, capsys)
+    assert rc == 1 and "before port" in result["msg"] and "status 1" in result["msg"]
+    assert "scheduler failed while loading" in result["log_tail"]
+    assert time.monotonic() - started < 10, "must not wait for the port timeout"
+    assert not (tmp_path / "s.pid").exists()
+
+
+def test_wait_port_returns_once_the_server_listens(tmp_path, capsys):
+    port = _free_port()
+    code = ("import socket,time;time.sleep(0.5);s=socket.socket();s.bind(('127.0.0.1',%d));s.listen();"
+            "time.sleep(30)" % port)
+    rc, result = run_main({"argv": [sys.executable, "-c", code], "log_file": str(tmp_path / "s.log"),
+                           "pid_file": str(tmp_path / "s.pid"), "startup_check_s": 0.1,
+                           "wait_port": port, "wait_timeout_s": 20}, capsys)
+    try:
+        assert rc == 0 and result["port_wait_ms"] >= 400
+    finally:
+        _kill_group(result["pid"])
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
