@@ -27,6 +27,11 @@ Launched as ``<host venv python> sglang_standin.py <sglang.launch_server flags>`
 Fault knobs (HOST_DIR/faults.json, set with ``lab.py fault``): slow_load_s, crash_on_start,
 worker_ignores_sigterm, orphan_worker (that TP rank double-forks away to the host's PID 1, new session),
 tokens_per_s (read per request), worker_mib.
+
+Real-GPU mode (opt-in, for tests/gpu/real_restart.sh on a machine with NVIDIA GPUs and torch): with
+``GPUFLEET_STANDIN_CUDA_MIB=N`` in the server's environment each TP worker allocates N MiB with torch on
+CUDA device ``rank % 8`` and holds it until it dies, instead of registering with the lab's gpusimd. Unset (the
+lab), nothing changes.
 """
 import json
 import os
@@ -46,6 +51,7 @@ DEFAULT_LOAD_S = 1.0
 WARMUP_S = 0.3
 DRAIN_POLL_S = 0.2
 SHM_NEEDED_MIB = 64  # below this much free /dev/shm the stand-in dies like SGLang on a full /dev/shm
+CUDA_MIB_ENV = "GPUFLEET_STANDIN_CUDA_MIB"  # real-GPU mode: MiB of real GPU memory each TP worker holds
 
 
 def log(msg):
@@ -248,6 +254,19 @@ def _add_field_flag(parser, node, seen):
 # ---------------------------------------------------------------------------------------------------
 # workers
 # ---------------------------------------------------------------------------------------------------
+def hold_cuda(gpu, mib):
+    """Allocate ``mib`` MiB on CUDA device ``gpu`` with torch and return the tensor (keep it to hold the memory).
+
+    cudaMalloc through torch's caching allocator, like SGLang's workers; the GPU then shows the worker as a
+    compute process with its MiB plus the CUDA context (about 520 MiB, docs/benchmarks.md).
+    """
+    import torch
+    torch.cuda.set_device(gpu)
+    held = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    return held
+
+
 def worker_main(rank, gpu, mib, title, ready_name, ignore_sigterm, orphan):
     """Body of a spawned worker: title, PDEATHSIG, GPU device open, memory held, then wait forever."""
     import nsutil
@@ -269,7 +288,9 @@ def worker_main(rank, gpu, mib, title, ready_name, ignore_sigterm, orphan):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     devs = []
     held = None
-    if gpu is not None:
+    if gpu is not None and os.environ.get(CUDA_MIB_ENV):
+        held = hold_cuda(gpu, mib)
+    elif gpu is not None:
         for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia%d" % gpu):
             try:
                 devs.append(os.open(path, os.O_RDWR))
@@ -310,7 +331,7 @@ class Server:
         listener.bind(ready_name)
         listener.listen(64)
         tp = int(self.args.tp_size)
-        mib = int(f.get("worker_mib", DEFAULT_WORKER_MIB))
+        mib = int(os.environ.get(CUDA_MIB_ENV) or f.get("worker_mib", DEFAULT_WORKER_MIB))
         orphan_rank = f.get("orphan_worker")
         if orphan_rank is True:
             orphan_rank = tp - 1
