@@ -120,26 +120,29 @@ def report(times_path, poll_path, out, limit_mib=1024):
                  "failed_tasks": [r["task"] for r in rs if r["status"] == "failed"]}
         stop = [r for r in rs if r["action"].endswith("sglang_stop") and r["role"] == "sglang_stop"]
         wait = [r for r in rs if r["action"].endswith("nvidia_gpu_wait")]
-        if stop and wait:
-            t_stop, t_stop_end, t_wait = stop[0]["start"], stop[0]["end"], wait[0]["end"]
-            entry["wait_elapsed_ms"] = wait[0].get("elapsed_ms")
-            entry["wait_polls"] = wait[0].get("polls")
-            entry["wait_task_s"] = round(t_wait - (wait[0].get("runner_start") or wait[0]["start"]), 3)
-            entry["stop_end_to_wait_end_ms"] = round((t_wait - t_stop_end) * 1000, 1)
-            entry["stop_task_s"] = round(t_stop_end - t_stop, 3)
+        if wait:
+            # Reference: the stop's start (full runs), else the wait's start (--tags wait runs).
+            w = wait[0]
+            t_wait_start, t_wait = w.get("runner_start") or w["start"], w["end"]
+            t_ref = stop[0]["start"] if stop else t_wait_start
+            entry["wait_elapsed_ms"] = w.get("elapsed_ms")
+            entry["wait_polls"] = w.get("polls")
+            entry["wait_task_s"] = round(t_wait - t_wait_start, 3)
+            if stop:
+                entry["stop_task_s"] = round(stop[0]["end"] - stop[0]["start"], 3)
+                entry["stop_end_to_wait_end_ms"] = round((t_wait - stop[0]["end"]) * 1000, 1)
             per_gpu = {}
             for gpu in sorted({s["gpu"] for s in samples}):
                 seq = [s for s in samples if s["gpu"] == gpu]
-                before = [s for s in seq if s["t"] <= t_stop]
-                held = before[-1]["used_mib"] if before else None
-                freed = next((s for s in seq if s["t"] > t_stop and s["used_mib"] <= limit_mib), None)
-                g = {"used_mib_before_stop": held}
-                if freed:
-                    g.update(free_seen_s_after_stop_start=round(freed["t"] - t_stop, 3),
-                             free_seen_ms_after_stop_task_end=round((freed["t"] - t_stop_end) * 1000, 1),
-                             wait_task_end_minus_free_seen_ms=round((t_wait - freed["t"]) * 1000, 1))
-                    if wait[0].get("runner_start"):
-                        g["free_seen_ms_after_wait_task_start"] = round((freed["t"] - wait[0]["runner_start"]) * 1000, 1)
+                before = [s for s in seq if s["t"] <= t_ref]
+                g = {"used_mib_before": before[-1]["used_mib"] if before else None}
+                freed = next((s for s in seq if s["t"] > t_ref and s["used_mib"] <= limit_mib), None)
+                if freed and g["used_mib_before"] is not None and g["used_mib_before"] > limit_mib:
+                    g["free_seen_ms_after_wait_task_start"] = round((freed["t"] - t_wait_start) * 1000, 1)
+                    g["wait_task_end_minus_free_seen_ms"] = round((t_wait - freed["t"]) * 1000, 1)
+                    if stop:
+                        g["free_seen_s_after_stop_start"] = round(freed["t"] - stop[0]["start"], 3)
+                        g["free_seen_ms_after_stop_task_end"] = round((freed["t"] - stop[0]["end"]) * 1000, 1)
                 per_gpu[str(gpu)] = g
             entry["release_per_gpu"] = per_gpu
         result["runs"][run] = entry

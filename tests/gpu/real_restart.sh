@@ -4,6 +4,8 @@
 #      each TP worker holds MIB MiB of real GPU memory (torch), the NCCL set in the server's environment;
 #   2. `ansible -m nvidia_gpu_info` with backend=nvml and backend=nvidia-smi, compared (tests/gpu/real_restart.py);
 #   3. restart.yml run1 and run2: stop -> NVML wait -> patch the real SGLang 0.5.23 engine.py -> relaunch -> verify;
+#   3b. with RR_HELD_WAIT_REPS=N: N times --tags wait while the workers still hold memory (SIGKILL after 5 s),
+#      then --tags launch,verify;
 #   4. an independent NVML poller (10 ms) runs throughout; per-phase times and per-GPU release latency are
 #      derived from it and the gpufleet_task_times callback (tests/gpu/callback_plugins).
 # Usage, from the repository root, as root on the GPU machine (.whl/ holds ansible-core, resolvelib,
@@ -107,6 +109,20 @@ python3 tests/gpu/real_restart.py compare "$OUT/gpuinfo-nvml.txt" "$OUT/gpuinfo-
 rm -f "$OUT/gpuinfo-nvml.txt" "$OUT/gpuinfo-nvidia-smi.txt"
 playbook run1
 playbook run2
+# Release detection while the wait is already polling (in run1/run2 the stop module returns after the memory is
+# free, so the wait finds it on its first poll): restart.yml --tags wait starts while the workers hold their
+# memory, the workers get SIGKILL 5 s after the playbook started, then --tags launch brings the server back.
+for i in $(seq 1 "${RR_HELD_WAIT_REPS:-0}"); do
+    ( sleep 5; pids=$(pgrep -f '^sglang::scheduler_TP' | tr '\n' ' '); stamp "SIGKILL workers $pids"; kill -KILL $pids ) &
+    KILLER=$!
+    stamp "restart.yml --tags wait held$i (workers hold their memory when the wait starts)"
+    GPUFLEET_TASK_TIMES_RUN=held$i "$ANSIBLE_BIN/ansible-playbook" -i inventory/local playbooks/restart.yml -e "@$VARS" \
+        --tags wait || rc=1
+    wait $KILLER
+    stamp "restart.yml --tags launch relaunch$i"
+    GPUFLEET_TASK_TIMES_RUN=relaunch$i "$ANSIBLE_BIN/ansible-playbook" -i inventory/local playbooks/restart.yml \
+        -e "@$VARS" --tags launch,verify || rc=1
+done
 stamp "patched engine.py block"
 ENGINE=$("$SGLENV/bin/python" -c 'import importlib.util as u; print(u.find_spec("sglang").submodule_search_locations[0])')/srt/entrypoints/engine.py
 grep -n -B2 -A14 'gpufleet' "$ENGINE" | head -40
