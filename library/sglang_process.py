@@ -68,8 +68,15 @@ options:
     description: Address to connect to for O(wait_port).
     type: str
     default: 127.0.0.1
+  wait_url:
+    description:
+      - After the port opened, poll this URL (GET) until it answers 200, failing at once with the log tail if the
+        process exits first. Use a generate-based readiness URL (SGLang C(/health_generate)).
+      - Not set (default) means no readiness wait; requires O(wait_port).
+    type: str
   wait_timeout_s:
-    description: Seconds to wait for O(wait_port); on timeout the task fails and the process is left running.
+    description: Seconds to wait for O(wait_port) and O(wait_url) together; on timeout the task fails and the
+      process is left running.
     type: float
     default: 900
 attributes:
@@ -127,6 +134,10 @@ port_wait_ms:
   description: Milliseconds from the start until O(wait_port) accepted a connection; null without O(wait_port).
   returned: always
   type: int
+ready_wait_ms:
+  description: Milliseconds from the start until O(wait_url) answered 200; null without O(wait_url).
+  returned: always
+  type: int
 """
 
 import os
@@ -136,6 +147,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 
 PID_REUSE_SLACK_S = 5.0
 
@@ -256,6 +268,28 @@ def wait_port_or_exit(proc, host, port, timeout_s, poll_s=0.25):
         time.sleep(poll_s)
 
 
+def wait_url_or_exit(proc, url, deadline_monotonic, poll_s=1.0):
+    """Poll GET ``url`` until it answers 200 or ``proc`` exits or the deadline passes.
+
+    Returns ("ready", None), ("exited", returncode) or ("timeout", last error text).
+    """
+    last = None
+    while True:
+        rc = proc.poll()
+        if rc is not None:
+            return "exited", rc
+        try:
+            resp = open_url(url, method="GET", timeout=60, validate_certs=True)
+            if resp.getcode() == 200:
+                return "ready", None
+            last = "HTTP %s" % resp.getcode()
+        except Exception as exc:  # connection refused, 503 while warming up: try again
+            last = str(exc)
+        if time.monotonic() >= deadline_monotonic:
+            return "timeout", last
+        time.sleep(poll_s)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -270,14 +304,16 @@ def main():
             log_tail_lines=dict(type="int", default=40),
             wait_port=dict(type="int"),
             wait_host=dict(type="str", default="127.0.0.1"),
+            wait_url=dict(type="str"),
             wait_timeout_s=dict(type="float", default=900),
         ),
+        required_by={"wait_url": "wait_port"},
         supports_check_mode=True,
     )
     p = module.params
     argv = p["argv"]
     result = dict(changed=False, started=False, pid=None, started_at=None, argv=argv,
-                  log_file=p["log_file"], pid_file=p["pid_file"], port_wait_ms=None)
+                  log_file=p["log_file"], pid_file=p["pid_file"], port_wait_ms=None, ready_wait_ms=None)
     if not argv or not argv[0]:
         module.fail_json(msg="argv must name a command as its first element", **result)
     for path_key in ("log_file", "pid_file"):
@@ -316,6 +352,7 @@ def main():
                              rc=rc, log_tail=log_tail(p["log_file"], p["log_tail_lines"]), **result)
         time.sleep(0.1)
     if p["wait_port"]:
+        deadline = time.monotonic() + p["wait_timeout_s"]
         state, rc = wait_port_or_exit(proc, p["wait_host"], p["wait_port"], p["wait_timeout_s"])
         result["port_wait_ms"] = int((time.time() - started_at) * 1000)
         if state == "exited":
@@ -328,6 +365,20 @@ def main():
             module.fail_json(msg="port %s:%d not open %.0f s after starting pid %d (still running: the model may "
                              "still be loading; raise the timeout or read %s)"
                              % (p["wait_host"], p["wait_port"], p["wait_timeout_s"], proc.pid, p["log_file"]),
+                             log_tail=log_tail(p["log_file"], p["log_tail_lines"]), **result)
+    if p["wait_url"]:
+        state, detail = wait_url_or_exit(proc, p["wait_url"], deadline)
+        result["ready_wait_ms"] = int((time.time() - started_at) * 1000)
+        if state == "exited":
+            if os.path.exists(p["pid_file"]):
+                os.unlink(p["pid_file"])
+            module.fail_json(msg="%s exited with status %d after %.1f s, before %s answered 200; full log: %s"
+                             % (argv[0], detail, time.time() - started_at, p["wait_url"], p["log_file"]),
+                             rc=detail, log_tail=log_tail(p["log_file"], p["log_tail_lines"]), **result)
+        if state == "timeout":
+            module.fail_json(msg="%s did not answer 200 within %.0f s of starting pid %d (last: %s); the process "
+                             "still runs; full log: %s" % (p["wait_url"], p["wait_timeout_s"], proc.pid, detail,
+                                                          p["log_file"]),
                              log_tail=log_tail(p["log_file"], p["log_tail_lines"]), **result)
     module.exit_json(msg="started pid %d" % proc.pid, **result)
 

@@ -121,3 +121,32 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_wait_url_fails_at_once_when_the_server_dies_after_opening_its_port(tmp_path, capsys):
+    port = _free_port()
+    code = ("import socket,sys,time;s=socket.socket();s.bind(('127.0.0.1',%d));s.listen();time.sleep(1);"
+            "print('warm-up failed',flush=True);sys.exit(3)" % port)
+    started = time.monotonic()
+    rc, result = run_main({"argv": [sys.executable, "-c", code], "log_file": str(tmp_path / "s.log"),
+                           "pid_file": str(tmp_path / "s.pid"), "startup_check_s": 0.1, "wait_port": port,
+                           "wait_url": "http://127.0.0.1:%d/health_generate" % port, "wait_timeout_s": 60}, capsys)
+    assert rc == 1 and "status 3" in result["msg"] and "/health_generate" in result["msg"]
+    assert "warm-up failed" in result["log_tail"]
+    assert time.monotonic() - started < 15
+
+
+def test_wait_url_returns_when_readiness_answers_200(tmp_path, capsys):
+    port = _free_port()
+    code = ("import http.server,time;time.sleep(0.3)\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        self.send_response(200); self.end_headers()\n"
+            "http.server.HTTPServer(('127.0.0.1',%d),H).serve_forever()\n" % port)
+    rc, result = run_main({"argv": [sys.executable, "-c", code], "log_file": str(tmp_path / "s.log"),
+                           "pid_file": str(tmp_path / "s.pid"), "startup_check_s": 0.1, "wait_port": port,
+                           "wait_url": "http://127.0.0.1:%d/health_generate" % port, "wait_timeout_s": 30}, capsys)
+    try:
+        assert rc == 0 and result["ready_wait_ms"] is not None and result["ready_wait_ms"] >= 300
+    finally:
+        _kill_group(result["pid"])
