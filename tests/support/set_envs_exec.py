@@ -246,3 +246,20 @@ def run_set_envs_and_config(source_path, environ, server_args=None):
     result = execute_set_envs_and_config(source_path, dict(environ), server_args)
     assert result["start_method_calls"] == [("spawn", True)], result["start_method_calls"]
     return result["env"]
+
+
+def set_envs_source(package_dir):
+    """The file that defines ``_set_envs_and_config`` in an installed ``sglang/`` package directory (str).
+
+    ``srt/entrypoints/engine.py`` from 0.4.1.post7, ``srt/server.py`` up to 0.4.1.post6 (0.4.1.post7-0.4.5
+    keep a re-exporting ``srt/server.py`` shim, so the engine file is tried first).
+    """
+    engine = _real_os.path.join(package_dir, "srt", "entrypoints", "engine.py")
+    if _real_os.path.exists(engine):
+        with open(engine, "rb") as handle:
+            try:
+                extract_function(handle.read(), filename=engine)
+                return engine
+            except LookupError:
+                pass
+    return _real_os.path.join(package_dir, "srt", "server.py")

@@ -10,7 +10,7 @@ Launched as ``<host venv python> sglang_standin.py <sglang.launch_server flags>`
 2. Title: ``<python> -m sglang.launch_server <args>`` (setproctitle), which SGLang's own clean-up pattern
    ``sglang\\.launch_server`` matches.
 3. Locates the installed sglang with ``importlib.util.find_spec`` (no import) and executes the release's real
-   ``_set_envs_and_config`` against ``os.environ`` (tests/lab/sglang_exec.py): a patched engine.py changes
+   ``_set_envs_and_config`` against ``os.environ`` (tests/support/set_envs_exec.py): a patched engine.py changes
    what the workers inherit; an unpatched one does not.
 4. Spawns ``--tp-size`` workers with the multiprocessing ``spawn`` context, titled ``sglang::scheduler_TP{n}``,
    each with PDEATHSIG=SIGKILL, /dev/nvidia{n} open and ``worker_mib`` MiB registered with gpusimd on GPU n;
@@ -556,10 +556,15 @@ def main(argv=None):
         del os.environ["SPT_NOENV"]
     import nsutil
     nsutil.set_comm(os.path.basename(sys.executable))  # the real main process's comm is its interpreter's
-    import sglang_exec
-    res = sglang_exec.run_set_envs_and_config(sglang_exec.set_envs_source(pkg_dir), os.environ,
-                                              server_args=vars(args))
-    log("_set_envs_and_config (%s) set: %s" % (version, ", ".join(sorted(res["changed"]))))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # tests/, for support.set_envs_exec
+    from support import set_envs_exec
+    before = dict(os.environ)
+    # Flags not given stay None in the stand-in's parser: SGLang's own defaults (tp/nnodes 1, ...) apply.
+    given = {k: v for k, v in vars(args).items() if v is not None}
+    set_envs_exec.execute_set_envs_and_config(set_envs_exec.set_envs_source(pkg_dir), os.environ,
+                                              server_args=given)
+    changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
+    log("_set_envs_and_config (%s) set: %s" % (version, ", ".join(changed)))
     server = Server(args, argv, pkg_dir, version)
     signal.signal(signal.SIGTERM, server.on_sigterm)
     server.run()
