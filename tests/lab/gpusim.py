@@ -34,7 +34,9 @@ CONTEXT_OVERHEAD_MIB = 9
 GPUSIMD_SOCKET = "\0gpufleet-lab-gpusimd"
 HOST_DIR_ENV = "GPUFLEET_LAB_HOST_DIR"
 
-_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+# Real H200 recordings (a copy of shared/recordings/h200x2-driver580, one copy for all tests).
+_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "recordings",
+                     "h200x2-driver580")
 
 NA = "[N/A]"
 NOT_SUPPORTED = "[Not Supported]"
@@ -412,9 +414,9 @@ def _xml_sub(block, tag, value):
 
 
 def query_xml(gpus, host_dir, now):
-    """``nvidia-smi -q -x``: the recorded H200 document (data/h200x2-driver580/idle-q.xml), its first GPU
+    """``nvidia-smi -q -x``: the recorded H200 document (tests/data/recordings/h200x2-driver580/idle-q.xml), its first GPU
     block repeated per GPU with this GPU's identity, memory, utilization, temperature, power, processes."""
-    with open(os.path.join(_DATA, "h200x2-driver580", "idle-q.xml")) as fh:
+    with open(os.path.join(_DATA, "idle-q.xml")) as fh:
         doc = fh.read()
     head, rest = doc.split("\t<gpu id=", 1)
     first = "\t<gpu id=" + rest.split("\t</gpu>\n", 1)[0] + "\t</gpu>\n"

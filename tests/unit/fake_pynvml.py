@@ -2,7 +2,7 @@
 
 It models only the API surface gpufleet_gpu calls: nvmlInit/Shutdown, the NVMLError hierarchy (one subclass
 per code, ``NVMLError(code)`` returning the subclass, ``.value``), the NVML_* constants, device handles and
-getters. Values come from ``data/h200x2-driver580/loaded-nvml.txt`` (copied from shared/recordings) (memory v1/v2,
+getters. Values come from ``tests/data/recordings/h200x2-driver580/loaded-nvml.txt`` (copied from shared/recordings) (memory v1/v2,
 compute processes, remapped rows, ECC, power limit, compute mode, retired pages NotSupported) and
 ``loaded-query-gpu-noheader-nounits.csv`` (uuid, bus id, temperature, power draw, persistence).
 
@@ -16,7 +16,7 @@ import types
 # A copy of the files used here from shared/recordings/h200x2-driver580/ (recorded 2026-11-29 by
 # RECORDED-WITH.sh on an H200 x2, driver 580.159.04), so the tests run from a clean clone.
 RECORDINGS = os.environ.get("GPUFLEET_RECORDINGS") or os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "data", "h200x2-driver580")
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "recordings", "h200x2-driver580")
 MIB = 1 << 20
 
 # Codes as in nvidia-ml-py 13.615 (pynvml.py).

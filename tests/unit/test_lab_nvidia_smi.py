@@ -1,6 +1,6 @@
 """The lab's simulated nvidia-smi (tests/lab/gpusim.py) against real H200 output, query by query.
 
-Every command of RECORDED-WITH.sh (copied with its outputs to tests/lab/data/h200x2-driver580/ from the
+Every command of RECORDED-WITH.sh (copied with its outputs to tests/data/recordings/h200x2-driver580/ from the
 shared recordings; H200 ×2, driver 580.159.04) is run against the simulator in the same state (idle, or one
 holder per GPU) and compared structurally: identical header line, same number of columns, ", " separators,
 the same unit suffix / "[N/A]" / hex / UUID / bus-id form in each column, the same table layout (every
@@ -16,7 +16,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB = os.path.join(ROOT, "tests", "lab")
-REC = os.path.join(LAB, "data", "h200x2-driver580")
+REC = os.path.join(os.path.dirname(LAB), "data", "recordings", "h200x2-driver580")
 sys.path.insert(0, LAB)
 import gpusim  # noqa: E402
 
@@ -218,7 +218,7 @@ def test_help_query_lists_are_the_recorded_ones(idle_host):
 
 
 def rec_help(name):
-    with open(os.path.join(LAB, "data", name)) as fh:
+    with open(os.path.join(REC, name)) as fh:
         return fh.read()
 
 
