@@ -152,6 +152,7 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet_procs import cmdline_text
 
 try:
     import psutil
@@ -182,19 +183,6 @@ class Proc(object):
         return "Proc(pid=%d, user=%s, cmdline=%r)" % (self.pid, self.user, self.cmdline)
 
 
-def read_cmdline(pid, proc_root="/proc"):
-    """Command line of ``pid`` as one string (NUL → space), bytes-safe; "" when unreadable.
-
-    Read from /proc/<pid>/cmdline because setproctitle (used by SGLang for ``sglang::*`` titles) rewrites it.
-    """
-    try:
-        with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return ""
-    return raw.replace(b"\x00", b" ").strip().decode("utf-8", "backslashreplace")
-
-
 def snapshot():
     """List of Proc for every process visible now (psutil.process_iter)."""
     procs = []
@@ -207,7 +195,7 @@ def snapshot():
             sid = os.getsid(info["pid"])
         except OSError:
             continue
-        cmdline = read_cmdline(info["pid"]) or "[%s]" % (info.get("name") or "")
+        cmdline = cmdline_text(info["pid"]) or "[%s]" % (info.get("name") or "")
         uids = info.get("uids")
         procs.append(Proc(info["pid"], info.get("ppid") or 0, pgid, sid, uids.real if uids else -1,
                           info.get("username") or "", cmdline, info.get("create_time") or 0.0, handle))

@@ -99,6 +99,7 @@ import re
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.gpufleet_procs import cmdline_text
 
 try:
     import psutil
@@ -135,16 +136,6 @@ def read_environ(pid, proc_root="/proc"):
     """Raw environ bytes of ``pid``; raises OSError (PermissionError, FileNotFoundError)."""
     with open(os.path.join(proc_root, str(pid), "environ"), "rb") as handle:
         return handle.read()
-
-
-def read_title(pid, proc_root="/proc"):
-    """/proc/<pid>/cmdline as one string (setproctitle titles included); "" if unreadable."""
-    try:
-        with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return ""
-    return raw.replace(b"\x00", b" ").strip().decode("utf-8", "backslashreplace")
 
 
 def _text(value):
@@ -188,7 +179,7 @@ def inspect_workers(pids, title_re, expected, names, proc_root="/proc"):
     """Worker report entries (see RETURN) for those of ``pids`` whose title matches ``title_re``."""
     workers = []
     for pid in pids:
-        title = read_title(pid, proc_root)
+        title = cmdline_text(pid, proc_root)
         if not title or not title_re.search(title):
             continue
         entry = {"pid": pid, "title": title}

@@ -152,6 +152,21 @@ def process_info(pid):
     return info
 
 
+def cmdline_text(pid, proc_root="/proc"):
+    """Command line (or setproctitle title) of ``pid`` as one str, arguments joined by spaces.
+
+    Read from ``/proc/<pid>/cmdline`` directly: SGLang retitles its processes with setproctitle
+    (``sglang::scheduler_TP0``), which rewrites that file, and a title is what its clean-up pattern matches.
+    Bytes-safe (invalid UTF-8 becomes ``\\xNN``); "" when the process is gone or unreadable.
+    """
+    try:
+        with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return ""
+    return raw.replace(b"\x00", b" ").strip().decode("utf-8", "backslashreplace")
+
+
 def describe_pids(pids):
     """``{pid: process_info(pid) or None}`` for each pid; without psutil every value is None."""
     out = {}

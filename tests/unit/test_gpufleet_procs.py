@@ -140,3 +140,14 @@ def test_clean_text_replaces_surrogates_and_bytes():
     assert P.clean_text("a\udcffb") == "a\ufffdb"
     assert P.clean_text(b"a\xffb") == "a\ufffdb"
     assert P.clean_text("plain") == "plain" and P.clean_text(None) is None
+
+
+def test_cmdline_text_joins_arguments_keeps_titles_and_survives_invalid_utf8(tmp_path):
+    (tmp_path / "41").mkdir()
+    (tmp_path / "41" / "cmdline").write_bytes(b"python3\x00-m\x00sglang.launch_server\x00--model-path\x00/m\xff\x00")
+    (tmp_path / "42").mkdir()
+    # setproctitle leaves one string padded with NULs
+    (tmp_path / "42" / "cmdline").write_bytes(b"sglang::scheduler_TP3" + b"\x00" * 20)
+    assert P.cmdline_text(41, proc_root=str(tmp_path)) == "python3 -m sglang.launch_server --model-path /m\\xff"
+    assert P.cmdline_text(42, proc_root=str(tmp_path)) == "sglang::scheduler_TP3"
+    assert P.cmdline_text(43, proc_root=str(tmp_path)) == ""

@@ -208,7 +208,7 @@ def test_nothing_running_is_not_a_change(tmp_path, capsys):
 def test_module_never_signals_itself_or_its_ancestors(tmp_path, capsys):
     # The pattern is this very process's command line: the module (running in this process) must skip
     # itself and its ancestors (the shell/ssh chain that started it).
-    own = stop.read_cmdline(os.getpid())
+    own = stop.cmdline_text(os.getpid())
     result = run_main(stop, {"pattern": "^" + re.escape(own) + "$", "shm_dir": str(tmp_path)}, capsys)
     assert result["signalled"] == []
     assert os.getpid() in stop.protected_pids() and os.getppid() in stop.protected_pids()
