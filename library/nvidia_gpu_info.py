@@ -181,13 +181,11 @@ import os
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible.module_utils.gpufleet_gpu import (
     BACKEND_CHOICES,
-    PYNVML_IMPORT_ERROR,
-    GpuError,
     gpu_processes,
-    open_backend,
     resolve_selectors,
+    run_on_backend,
 )
-from ansible.module_utils.gpufleet_procs import HAS_PSUTIL, PSUTIL_IMPORT_ERROR, MissingLibraryError
+from ansible.module_utils.gpufleet_procs import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 
 
 def gather(backend, selectors, processes=True, fallback_reason=None, exclude_pids=None):
@@ -227,22 +225,8 @@ def main():
         module.fail_json(msg=missing_required_lib("psutil") + " (or set processes: false)",
                          exception=str(PSUTIL_IMPORT_ERROR))
 
-    def runner(argv):
-        return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"},
-                                  errors="surrogate_then_replace")
-
-    backend = None
-    try:
-        backend, reason = open_backend(params["backend"], runner=runner,
-                                       smi_path=module.get_bin_path("nvidia-smi"))
-        result = gather(backend, params["gpus"], params["processes"], reason, exclude_pids={os.getpid()})
-    except MissingLibraryError as exc:
-        module.fail_json(msg=missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR))
-    except GpuError as exc:
-        module.fail_json(**exc.fail_kwargs())
-    finally:
-        if backend is not None:
-            backend.close()
+    result = run_on_backend(module, lambda backend, reason: gather(
+        backend, params["gpus"], params["processes"], reason, exclude_pids={os.getpid()}))
     module.exit_json(**result)
 
 

@@ -156,17 +156,14 @@ gpus:
 
 import os
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.gpufleet_gpu import (
     BACKEND_CHOICES,
-    PYNVML_IMPORT_ERROR,
-    GpuError,
     gpu_processes,
-    open_backend,
     resolve_selectors,
+    run_on_backend,
     wait_for_memory,
 )
-from ansible.module_utils.gpufleet_procs import MissingLibraryError
 
 _CMDLINE_MAX = 160
 
@@ -266,22 +263,8 @@ def main():
     if params["max_used_mib"] < 0:
         module.fail_json(msg="max_used_mib must be 0 or more (got %d)" % params["max_used_mib"])
 
-    def runner(argv):
-        return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"},
-                                  errors="surrogate_then_replace")
-
-    backend = None
-    try:
-        backend, reason = open_backend(params["backend"], runner=runner,
-                                       smi_path=module.get_bin_path("nvidia-smi"))
-        ok, result, msg = run_wait(backend, params, reason, exclude_pids={os.getpid()})
-    except MissingLibraryError as exc:
-        module.fail_json(msg=missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR))
-    except GpuError as exc:
-        module.fail_json(**exc.fail_kwargs())
-    finally:
-        if backend is not None:
-            backend.close()
+    ok, result, msg = run_on_backend(module, lambda backend, reason: run_wait(
+        backend, params, reason, exclude_pids={os.getpid()}))
     if not ok:
         module.fail_json(msg=msg, **result)
     module.exit_json(**result)

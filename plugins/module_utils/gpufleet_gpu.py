@@ -717,6 +717,34 @@ def open_backend(choice="auto", runner=None, smi_path="nvidia-smi", nvml=None):
         raise
 
 
+def run_on_backend(module, work):
+    """For an AnsibleModule: open the backend ``module.params["backend"]`` names, return
+    ``work(backend, fallback_reason)`` and always close the backend again.
+
+    nvidia-smi runs through ``module.run_command`` (argv list, ``LC_ALL=C``, undecodable bytes replaced).
+    Failures end the module with ``fail_json``: a missing nvidia-ml-py with Ansible's standard
+    ``missing_required_lib`` message, a :class:`GpuError` with its what-to-do message, rc, stdout, stderr.
+    """
+    from ansible.module_utils.basic import missing_required_lib
+
+    def runner(argv):
+        return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"},
+                                  errors="surrogate_then_replace")
+
+    backend = None
+    try:
+        backend, reason = open_backend(module.params["backend"], runner=runner,
+                                       smi_path=module.get_bin_path("nvidia-smi"))
+        return work(backend, reason)
+    except MissingLibraryError as exc:
+        module.fail_json(msg=missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR))
+    except GpuError as exc:
+        module.fail_json(**exc.fail_kwargs())
+    finally:
+        if backend is not None:
+            backend.close()
+
+
 # --------------------------------------------------------------------------------------------------------
 # processes per GPU
 
