@@ -30,6 +30,14 @@ options:
     type: list
     elements: str
     required: true
+  api_key:
+    description:
+      - SGLang's C(--api-key). Appended to O(argv) as C(--api-key KEY) only when the process is started; it
+        is a no_log option, so Ansible masks the value in this task's arguments and result (RV(argv) never
+        holds it, and a log tail quoting it shows C(********)).
+      - It still is in the server's command line, which C(ps) shows to every user of the host (SGLang 0.5.23
+        reads the key only from its arguments).
+    type: str
   env:
     description: Variables added to (and overriding) the inherited environment, e.g. the NCCL set.
     type: dict
@@ -114,7 +122,7 @@ started_at:
   returned: always
   type: float
 argv:
-  description: The argv started.
+  description: The argv started, without O(api_key).
   returned: always
   type: list
   elements: str
@@ -234,6 +242,14 @@ def log_tail(path, lines):
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
 
 
+def with_api_key(argv, api_key):
+    """``argv`` (list of str) plus ``["--api-key", api_key]`` when ``api_key`` is non-empty; a new list.
+
+    Kept out of the ``argv`` the module reports, so the key appears only in the started process's argv.
+    """
+    return list(argv) + (["--api-key", api_key] if api_key else [])
+
+
 def start_detached(argv, env, chdir, log_file):
     """Start ``argv`` in a new session, stdin /dev/null, stdout+stderr appended to ``log_file``.
 
@@ -295,6 +311,7 @@ def main():
         argument_spec=dict(
             state=dict(type="str", default="started", choices=["started"]),
             argv=dict(type="list", elements="str", required=True),
+            api_key=dict(type="str", no_log=True),
             env=dict(type="dict", default={}),
             inherit_env=dict(type="bool", default=True),
             chdir=dict(type="path"),
@@ -336,7 +353,7 @@ def main():
         env.pop(key)
     started_at = time.time()
     try:
-        proc = start_detached(argv, env, p["chdir"], p["log_file"])
+        proc = start_detached(with_api_key(argv, p["api_key"]), env, p["chdir"], p["log_file"])
     except OSError as exc:
         module.fail_json(msg="could not start %s: %s" % (argv[0], exc), **result)
     write_pid_file(p["pid_file"], proc.pid)

@@ -150,3 +150,27 @@ def test_wait_url_returns_when_readiness_answers_200(tmp_path, capsys):
         assert rc == 0 and result["ready_wait_ms"] is not None and result["ready_wait_ms"] >= 300
     finally:
         _kill_group(result["pid"])
+
+
+def test_api_key_reaches_the_process_argv_but_never_the_task_result(tmp_path, capsys):
+    key = "sk-gpufleet-unit-7f3a9c"
+    # The "server" echoes its last two arguments and dies, so the failure message quotes the log tail.
+    code = "import sys;print('server_args api_key=' + ' '.join(sys.argv[-2:]), flush=True);sys.exit(2)"
+    from ansible.module_utils.testing import patch_module_args
+    with patch_module_args({"argv": [sys.executable, "-c", code], "api_key": key,
+                            "log_file": str(tmp_path / "s.log"), "pid_file": str(tmp_path / "s.pid"),
+                            "startup_check_s": 3}):
+        with pytest.raises(SystemExit):
+            proc_mod.main()
+    out = capsys.readouterr().out
+    assert (tmp_path / "s.log").read_text().split() == ["server_args", "api_key=--api-key", key]
+    result = json.loads(out)
+    assert result["failed"] and "api_key=--api-key" in out, "the log tail is part of the failure"
+    assert key not in out, "the no_log api_key must be masked in the module's JSON result"
+    assert "--api-key" not in result["argv"]
+
+
+def test_with_api_key_appends_only_a_non_empty_key():
+    assert proc_mod.with_api_key(["sglang", "serve"], "k") == ["sglang", "serve", "--api-key", "k"]
+    assert proc_mod.with_api_key(["sglang", "serve"], None) == ["sglang", "serve"]
+    assert proc_mod.with_api_key(["sglang", "serve"], "") == ["sglang", "serve"]

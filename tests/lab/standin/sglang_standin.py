@@ -36,6 +36,7 @@ lab), nothing changes.
 import json
 import os
 import re
+import secrets
 import signal
 import socket
 import sys
@@ -456,8 +457,22 @@ class Server:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _denied(self, path):
+                # SGLang 0.5.23 srt/utils/auth.py decide_request_auth: with --api-key every path except the
+                # /health*, /ready*, /metrics* prefixes needs "Authorization: Bearer <key>", else 401.
+                key = getattr(server.args, "api_key", None)
+                if not key or path.startswith(("/health", "/ready", "/metrics")):
+                    return False
+                scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+                if scheme.lower() == "bearer" and secrets.compare_digest(token.encode(), key.encode()):
+                    return False
+                self._send(401, {"error": "Unauthorized"})
+                return True
+
             def do_GET(self):
                 path = self.path.split("?", 1)[0]
+                if self._denied(path):
+                    return None
                 if path == "/health" and version_tuple(server.version) < (0, 5, 0):
                     # up to 0.4.10 /health answers 200 as soon as HTTP is up (FIELD-NOTES)
                     return self._send(200)
@@ -479,8 +494,11 @@ class Server:
             def do_POST(self):
                 path = self.path.split("?", 1)[0]
                 length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)  # read first: the connection may carry another request
+                if self._denied(path):
+                    return None
                 try:
-                    body = json.loads(self.rfile.read(length) or b"{}")
+                    body = json.loads(raw or b"{}")
                 except ValueError:
                     return self._send(400, {"error": {"message": "invalid JSON body"}})
                 if path == "/generate":
