@@ -19,6 +19,11 @@ options:
     description: Server base URL, e.g. C(http://127.0.0.1:30000).
     type: str
     required: true
+  api_key:
+    description:
+      - "SGLang's C(--api-key); sent as C(Authorization: Bearer KEY) on every request when set. A no_log
+        option: Ansible masks it in the task's arguments and result."
+    type: str
   requests:
     description: Number of generations.
     type: int
@@ -81,12 +86,23 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
 
-def one_request(url, prompt, max_new_tokens, timeout_s):
+def request_headers(api_key=None):
+    """Headers (dict str → str) of one generation: JSON, plus ``Authorization: Bearer <api_key>`` when set.
+
+    SGLang 0.5.23 (srt/utils/auth.py) answers 401 on /generate without the bearer when --api-key is set.
+    """
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    return headers
+
+
+def one_request(url, prompt, max_new_tokens, timeout_s, api_key=None):
     """POST one generation; returns completion tokens (int) from meta_info. Raises on HTTP or JSON errors."""
     body = json.dumps({"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0,
                                                            "ignore_eos": True}})
     resp = open_url(url.rstrip("/") + "/generate", data=body, method="POST",
-                    headers={"Content-Type": "application/json"}, timeout=timeout_s, validate_certs=True)
+                    headers=request_headers(api_key), timeout=timeout_s, validate_certs=True)
     data = json.loads(resp.read())
     return int(data["meta_info"]["completion_tokens"])
 
@@ -95,6 +111,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             url=dict(type="str", required=True),
+            api_key=dict(type="str", no_log=True),
             requests=dict(type="int", default=16),
             concurrency=dict(type="int", default=4),
             max_new_tokens=dict(type="int", default=128),
@@ -110,7 +127,7 @@ def main():
     try:
         with ThreadPoolExecutor(max_workers=p["concurrency"]) as pool:
             tokens = list(pool.map(lambda _i: one_request(p["url"], p["prompt"], p["max_new_tokens"],
-                                                          p["timeout_s"]), range(p["requests"])))
+                                                          p["timeout_s"], p["api_key"]), range(p["requests"])))
     except Exception as exc:  # any failed request fails the smoke test, with the reason
         module.fail_json(msg="generation against %s failed: %s" % (p["url"], exc), requests=p["requests"])
     wall = time.monotonic() - started
