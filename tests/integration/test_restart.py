@@ -7,6 +7,7 @@ the host naming what holds the GPUs and launches nothing; each preflight refusal
 is stopped.
 """
 import json
+import os
 import time
 
 import pytest
@@ -213,6 +214,52 @@ def test_second_run_is_refused_while_a_host_is_locked(lab):
         assert lab.exec(host, ["test", "-d", lock]).returncode == 0, "another run's lock must be left alone"
     finally:
         lab.exec(host, ["rm", "-rf", lock])
+
+
+def _hold_lock(lab, host, run_id):
+    lock = "%s/restart.lock" % lab.host_vars(host)["sglang_state_dir"]
+    lab.exec(host, ["mkdir", lock], check=True)
+    lab.exec(host, ["sh", "-c", 'echo \'{"run_id": "%s", "controller": "awx-1", "pid": 99}\' > %s/owner.json'
+                    % (run_id, lock)], check=True)
+    return lock
+
+
+def test_tagged_run_refuses_a_locked_host_too(lab):
+    # The lock tasks carry tag always; a dynamic include_tasks would run none of them under --tags stop,wait.
+    host = lab.hosts[0]
+    before = ensure_serving(lab, [host])
+    lock = _hold_lock(lab, host, "awx-4712")
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host, tags="stop,wait")
+        assert runner.status == "failed"
+        msgs = " ".join(d["res"].get("msg", "") for d in lab.events(runner, "runner_on_failed"))
+        assert "locked by another restart" in msgs and "awx-4712" in msgs
+        assert lab.events(runner, "runner_on_ok", "sglang_stop") == []
+        assert alive(lab, host, before[host])
+        assert lab.exec(host, ["test", "-d", lock]).returncode == 0, "another run's lock must be left alone"
+    finally:
+        lab.exec(host, ["rm", "-rf", lock])
+
+
+def test_inventory_lock_stale_s_takes_over_an_older_lock(lab):
+    # gpufleet_lock_stale_s is read from the inventory (README); a play var of the same name would override it.
+    host = lab.hosts[0]
+    ensure_serving(lab, [host])
+    host_vars = os.path.join(lab.inventory, "host_vars", host + ".yml")
+    os.makedirs(os.path.dirname(host_vars), exist_ok=True)
+    with open(host_vars, "w") as handle:
+        handle.write("gpufleet_lock_stale_s: 1\n")
+    lock = _hold_lock(lab, host, "dead-run-1")
+    try:
+        time.sleep(3)
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host, tags="stop,wait")
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+        assert lab.events(runner, "runner_on_ok", "sglang_stop"), "the stale lock must be taken over"
+        assert lab.exec(host, ["test", "-e", lock]).returncode == 1, "the run releases the lock it took over"
+    finally:
+        os.unlink(host_vars)
+        lab.exec(host, ["rm", "-rf", lock])
+    ensure_serving(lab, [host])
 
 
 def test_throughput_regression_fails_and_keeps_last_good(lab):
