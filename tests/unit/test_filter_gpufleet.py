@@ -148,3 +148,19 @@ def test_unit_template_execstart_round_trips_the_argv_and_carries_env_user_killm
     assert "User=sglang" in lines and "KillMode=control-group" in lines and "TimeoutStopSec=60" in lines
     assert "Restart=no" in lines and "SuccessExitStatus=137 SIGKILL" in lines
     assert "StandardOutput=append:/var/lib/gpufleet/sglang.log" in lines
+
+
+def test_unit_template_with_an_api_key_names_the_env_file_and_never_holds_the_key():
+    key = "sk-unit-3b8f0e"
+    argv, unit = _render_unit(_sglang_launch_api_key=key, _sglang_launch_api_key_env="GPUFLEET_SGLANG_API_KEY",
+                              sglang_launch_api_key_file="/var/lib/gpufleet/sglang-api-key.env")
+    assert key not in unit
+    lines = unit.splitlines()
+    assert "EnvironmentFile=/var/lib/gpufleet/sglang-api-key.env" in lines
+    [exec_start] = [l for l in lines if l.startswith("ExecStart=")]
+    # systemd expands a lone ${NAME} word into exactly one argument (systemd.service(5), "Command lines").
+    head, sep, tail = exec_start[len("ExecStart="):].rpartition(" --api-key ")
+    assert sep and tail == "${GPUFLEET_SGLANG_API_KEY}"
+    assert _systemd_split(head) == argv
+    _, without = _render_unit(_sglang_launch_api_key="")
+    assert "EnvironmentFile=" not in without and "--api-key" not in without
