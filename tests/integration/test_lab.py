@@ -376,6 +376,26 @@ def test_stale_shm_fault_leaves_segments_in_that_hosts_dev_shm_only(lab):
         lab.exec(host, ["sh", "-c", "rm -f /dev/shm/nccl-lab* /dev/shm/sgl_shm_1 /dev/shm/cuda.shm.0"])
 
 
+def test_stale_shm_mib_really_fills_that_hosts_dev_shm(lab):
+    # README: "fill it with stale_shm=<MiB>"; sparse files would take no tmpfs space at all.
+    host = lab.hosts[0]
+
+    def used_mib():
+        out = lab.exec(host, ["df", "-m", "--output=used", "/dev/shm"], check=True).stdout.split()
+        return int(out[-1])
+
+    before = used_mib()
+    lab.fault(host, stale_shm=100)
+    try:
+        deadline = time.time() + 5
+        while used_mib() < before + 300 and time.time() < deadline:
+            time.sleep(0.1)
+        assert used_mib() >= before + 300
+    finally:
+        lab.clear_faults(host)
+        lab.exec(host, ["sh", "-c", "rm -f /dev/shm/nccl-lab* /dev/shm/sgl_shm_1 /dev/shm/cuda.shm.0"])
+
+
 def test_generate_reports_tokens_at_the_configured_speed(lab):
     host = lab.hosts[0]
     lab.fault(host, tokens_per_s=400)

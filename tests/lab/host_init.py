@@ -297,8 +297,13 @@ class HostInit:
             for name in ("nccl-lab%04d" % os.getpid(), "sgl_shm_1", "cuda.shm.0"):
                 path = os.path.join("/dev/shm", name)
                 if not os.path.exists(path):
+                    # Allocated, not truncated: a sparse file takes no tmpfs space, and stale_shm=<MiB> is
+                    # documented as the way to fill /dev/shm. A full tmpfs keeps what fitted.
                     with open(path, "wb") as fh:
-                        fh.truncate(size)
+                        try:
+                            os.posix_fallocate(fh.fileno(), 0, size)
+                        except OSError:
+                            pass
         self.gpusimd.reconsider()
 
     # signals ------------------------------------------------------------------------------------

@@ -649,9 +649,12 @@ def main(argv=None):
     ex = common(sub.add_parser("exec", help="run a command inside a host: exec HOST -- ARGV..."))
     ex.add_argument("host")
     ex.add_argument("argv", nargs=argparse.REMAINDER)
-    fa = common(sub.add_parser("fault", help="set fault knobs: fault HOST|all KNOB=VALUE ... (VALUE empty clears)"))
-    fa.add_argument("host")
-    fa.add_argument("knobs", nargs="*")
+    fault_help = "set fault knobs: fault HOST|all KNOB=VALUE ... (VALUE empty clears)"
+    fa = common(sub.add_parser("fault", help=fault_help, description=fault_help,
+                               epilog="knobs:\n" + "\n".join("  %s: %s" % kv for kv in sorted(FAULT_KNOBS.items())),
+                               formatter_class=argparse.RawDescriptionHelpFormatter))
+    fa.add_argument("host", help="a lab host name, or all")
+    fa.add_argument("knobs", nargs="*", metavar="KNOB=VALUE")
     fa.add_argument("--clear", action="store_true", help="drop all knobs before applying these")
     args = p.parse_args(argv)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lab.py status | head` ends quietly
