@@ -1,0 +1,105 @@
+"""sglang_api_key against the lab fleet: the restart passes SGLang's --api-key without it showing anywhere.
+
+The lab stand-in enforces --api-key like SGLang 0.5.23 (srt/utils/auth.py): 401 without
+"Authorization: Bearer <key>" on every path except /health*, /ready*, /metrics*. Asserted: restart.yml with
+the key as an extra var succeeds on one host (so verify's POST /generate sent the bearer), no ansible-runner
+event (stdout or event_data, as AWX stores them) contains the key, and the new server refuses a request
+without it; api-key inside sglang_launch_args is refused by preflight before anything is stopped.
+"""
+import json
+import secrets
+
+import pytest
+
+from test_restart import FAST, PLAYBOOK, alive, ensure_serving, server_pid, stdout_of
+
+pytestmark = pytest.mark.lab
+
+# Run inside a lab host: status code of one HTTP request (argv: method url [bearer]).
+HTTP_STATUS = r"""
+import sys, urllib.error, urllib.request
+method, url = sys.argv[1], sys.argv[2]
+req = urllib.request.Request(url, method=method, data=b'{"text": "hi", "sampling_params": {"max_new_tokens": 2}}'
+                             if method == "POST" else None, headers={"Content-Type": "application/json"})
+if len(sys.argv) > 3:
+    req.add_header("Authorization", "Bearer " + sys.argv[3])
+try:
+    print(urllib.request.urlopen(req, timeout=30).status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+"""
+
+
+def http_status(lab, host, method, path, key=None):
+    url = "http://127.0.0.1:%d%s" % (int(lab.host_vars(host).get("sglang_port", 30000)), path)
+    argv = [lab.host_vars(host)["sglang_python"], "-c", HTTP_STATUS, method, url] + ([key] if key else [])
+    return int(lab.exec(host, argv, check=True).stdout.strip())
+
+
+def cmdline(lab, host, pid):
+    return lab.exec(host, ["cat", "/proc/%d/cmdline" % pid], check=True).stdout.split("\0")
+
+
+def test_restart_with_api_key_never_shows_it_and_the_server_demands_it(lab):
+    host = lab.hosts[0]
+    before = ensure_serving(lab, [host])[host]
+    key = "sk-gpufleet-" + secrets.token_hex(16)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key), limit=host, diff=True)
+        out = stdout_of(runner)
+        assert runner.status == "successful", out[-4000:]
+        new = server_pid(lab, host)
+        assert new and new != before and not alive(lab, host, before)
+        # The key reached SGLang (the module appended it) ...
+        # (the stand-in retitles itself like SGLang's main process keeps its argv: one string with spaces)
+        assert ("--api-key " + key) in " ".join(cmdline(lab, host, new))
+        # ... and verify's generation went through with the bearer.
+        assert host in lab.ok_hosts(runner, task_action="uri")
+        assert lab.events(runner, "runner_on_ok", "sglang_process"), "the process method launched"
+        # No event, as AWX stores it, holds the key: search every event's whole JSON and the stdout.
+        leaks = [ev.get("event") + ":" + str(ev.get("event_data", {}).get("task"))
+                 for ev in runner.events if key in json.dumps(ev)]
+        assert leaks == []
+        assert key not in out
+        # The new server enforces it; readiness paths stay open, as in SGLang.
+        assert http_status(lab, host, "POST", "/generate") == 401
+        assert http_status(lab, host, "POST", "/generate", key="wrong-" + key) == 401
+        assert http_status(lab, host, "POST", "/generate", key=key) == 200
+        assert http_status(lab, host, "GET", "/health_generate") == 200
+    finally:
+        # Leave the host as the other tests expect it: a server without a key.
+        restore = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert restore.status == "successful", stdout_of(restore)[-3000:]
+
+
+def test_verify_without_the_key_names_sglang_api_key(lab):
+    host = lab.hosts[0]
+    key = "sk-gpufleet-" + secrets.token_hex(16)
+    try:
+        started = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key), limit=host)
+        assert started.status == "successful", stdout_of(started)[-3000:]
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host, tags="verify")
+        assert runner.status == "failed"
+        text = json.dumps([d.get("res", {}).get("msg", "") for d in lab.events(runner, "runner_on_failed")])
+        assert "401" in text and "sglang_api_key" in text, text[:2000]
+    finally:
+        restore = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert restore.status == "successful", stdout_of(restore)[-3000:]
+
+
+def test_preflight_refuses_api_key_in_launch_args_and_stops_nothing(lab):
+    host = lab.hosts[0]
+    before = ensure_serving(lab, [host])[host]
+    key = "sk-gpufleet-" + secrets.token_hex(16)
+    launch_args = ("{{ {'model-path': lab_host_dir ~ '/models/Llama-3.3-70B-Instruct', "
+                   "'speculative-draft-model-path': lab_host_dir ~ '/models/EAGLE3-LLaMA3.3-Instruct-70B', "
+                   "'tp-size': 8, 'speculative-algorithm': 'EAGLE3', 'speculative-num-steps': 3, "
+                   "'speculative-eagle-topk': 1, 'speculative-num-draft-tokens': 4, 'trust-remote-code': true, "
+                   "'api-key': '%s'} }}" % key)
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=launch_args), limit=host)
+    assert runner.status == "failed", stdout_of(runner)[-3000:]
+    text = json.dumps([d.get("res", {}).get("msg", "") for d in lab.events(runner, "runner_on_failed")])
+    assert "api-key in sglang_launch_args" in text and "set sglang_api_key" in text, text[:3000]
+    assert key not in text, "the refusal must not repeat the key"
+    assert lab.events(runner, "runner_on_ok", "sglang_stop") == []
+    assert alive(lab, host, before), "preflight refused, yet the server was stopped"
