@@ -720,13 +720,13 @@ def check_launch_args(options, launch_args, host=None, port=None, allow_abbrev=T
     def add_error(flag, message):
         errors.append({"flag": flag, "message": message})
 
-    items = list((launch_args or {}).items())
+    # (name, value, from the inventory's launch_args): host/port come from their own variables, and a
+    # launch_args key of the same name must not make those count as inventory entries (one error, not two).
+    items = [(key, value, True) for key, value in (launch_args or {}).items()]
     for fixed, fixed_value in (("host", host), ("port", port)):
         if fixed_value is not None:
-            items.append((fixed, fixed_value, ))
-    explicit = set(launch_args or {})
-    for key, value in items:
-        from_inventory = key in explicit
+            items.append((fixed, fixed_value, False))
+    for key, value, from_inventory in items:
         flag = "--" + str(key).lstrip("-")
         if from_inventory and str(key).lstrip("-") in ("host", "port") and \
                 {"host": host, "port": port}[str(key).lstrip("-")] is not None:

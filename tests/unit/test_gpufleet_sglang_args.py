@@ -412,6 +412,13 @@ def test_bad_values_are_reported_per_flag(add_argument_tree, args, flag, fragmen
     assert any(e["flag"] == flag and fragment in e["message"] for e in result["errors"]), result["errors"]
 
 
+def test_port_in_launch_args_is_reported_once(add_argument_tree):
+    static = sa.read_static(add_argument_tree)
+    result = sa.check_launch_args(static["options"], {"model-path": "/m", "port": 1}, port=30000)
+    assert [e["message"] for e in result["errors"]].count(
+        "--port is rendered from sglang_port; remove 'port' from sglang_launch_args") == 1, result["errors"]
+
+
 def test_every_error_is_reported_not_only_the_first(add_argument_tree):
     static = sa.read_static(add_argument_tree)
     result = sa.check_launch_args(static["options"], {"tp-size": "x", "nonsense": 1, "mode": "z"})
