@@ -186,6 +186,13 @@ def test_preflight_refuses_missing_model_path_and_no_host_is_stopped(lab):
     _assert_refused_before_any_stop(lab, runner, before, ["/models/no-such-model"])
 
 
+def test_preflight_refuses_null_launch_args_naming_the_variable(lab):
+    host = lab.hosts[0]
+    before = ensure_serving(lab, [host])
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=None), limit=host)
+    _assert_refused_before_any_stop(lab, runner, before, ["sglang_launch_args is empty or null"])
+
+
 def test_preflight_refuses_port_held_by_stray_listener_and_no_host_is_stopped(lab):
     before = ensure_serving(lab)
     host = lab.hosts[-1]
