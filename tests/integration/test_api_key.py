@@ -45,7 +45,10 @@ def test_restart_with_api_key_never_shows_it_and_the_server_demands_it(lab):
     before = ensure_serving(lab, [host])[host]
     key = "sk-gpufleet-" + secrets.token_hex(16)
     try:
-        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key), limit=host, diff=True)
+        # The throughput smoke too: its module sends the bearer as well (a lax regression bound: not under test).
+        smoke = dict(sglang_verify_throughput=True, sglang_verify_throughput_requests=4,
+                     sglang_verify_throughput_max_new_tokens=8, sglang_verify_max_regression_fraction=0.99)
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key, **smoke), limit=host, diff=True)
         out = stdout_of(runner)
         assert runner.status == "successful", out[-4000:]
         new = server_pid(lab, host)
@@ -56,6 +59,7 @@ def test_restart_with_api_key_never_shows_it_and_the_server_demands_it(lab):
         # ... and verify's generation went through with the bearer.
         assert host in lab.ok_hosts(runner, task_action="uri")
         assert lab.events(runner, "runner_on_ok", "sglang_process"), "the process method launched"
+        assert host in lab.ok_hosts(runner, task_action="sglang_generate_bench")
         # No event, as AWX stores it, holds the key: search every event's whole JSON and the stdout.
         leaks = [ev.get("event") + ":" + str(ev.get("event_data", {}).get("task"))
                  for ev in runner.events if key in json.dumps(ev)]
@@ -103,3 +107,22 @@ def test_preflight_refuses_api_key_in_launch_args_and_stops_nothing(lab):
     assert key not in text, "the refusal must not repeat the key"
     assert lab.events(runner, "runner_on_ok", "sglang_stop") == []
     assert alive(lab, host, before), "preflight refused, yet the server was stopped"
+
+
+def test_launch_failure_shows_the_log_tail_with_the_key_masked(lab):
+    host = lab.hosts[0]
+    ensure_serving(lab, [host])
+    key = "sk-gpufleet-" + secrets.token_hex(16)
+    lab.fault(host, crash_on_start=True)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key), limit=host)
+        assert runner.status == "failed"
+        [tail] = [d for d in lab.events(runner, "runner_on_ok", "debug")
+                  if d["task"] == "Show the end of the server log"]
+        # The stand-in logs server_args like SGLang does, api_key included: shown masked.
+        assert any("api_key='********'" in line for line in tail["res"]["msg"]), tail["res"]["msg"]
+        assert [ev["event"] for ev in runner.events if key in json.dumps(ev)] == []
+    finally:
+        lab.clear_faults(host)
+        restore = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert restore.status == "successful", stdout_of(restore)[-3000:]
