@@ -248,6 +248,27 @@ def test_tagged_run_refuses_a_locked_host_too(lab):
         lab.exec(host, ["rm", "-rf", lock])
 
 
+def test_lock_of_a_run_killed_on_this_controller_is_taken_over(lab):
+    # Ctrl-C twice / SIGKILL leaves the lock; its owner.json names this controller and a pid now dead.
+    import socket
+    import subprocess
+    import sys
+    host = lab.hosts[0]
+    ensure_serving(lab, [host])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = "%s/restart.lock" % lab.host_vars(host)["sglang_state_dir"]
+    lab.exec(host, ["mkdir", lock], check=True)
+    owner = json.dumps({"run_id": "killed-1", "controller": socket.gethostname(), "pid": dead.pid})
+    lab.exec(host, ["sh", "-c", "cat > %s/owner.json" % lock], input=owner, check=True)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+        assert lab.exec(host, ["test", "-e", lock]).returncode == 1
+    finally:
+        lab.exec(host, ["rm", "-rf", lock])
+
+
 def test_inventory_lock_stale_s_takes_over_an_older_lock(lab):
     # gpufleet_lock_stale_s is read from the inventory (README); a play var of the same name would override it.
     host = lab.hosts[0]

@@ -1,5 +1,8 @@
-"""gpufleet filters: SGLang argv rendering, systemd quoting, summary table."""
+"""gpufleet filters: SGLang argv rendering, systemd quoting, summary table, restart lock holder."""
+import os
 import shlex
+import subprocess
+import sys
 
 import pytest
 from ansible.errors import AnsibleFilterError
@@ -164,3 +167,34 @@ def test_unit_template_with_an_api_key_names_the_env_file_and_never_holds_the_ke
     assert _systemd_split(head) == argv
     _, without = _render_unit(_sglang_launch_api_key="")
     assert "EnvironmentFile=" not in without and "--api-key" not in without
+
+
+def _dead_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_lock_holder_gone_only_for_a_dead_run_of_this_controller(monkeypatch):
+    monkeypatch.setattr(f.socket, "gethostname", lambda: "ctl-7")
+    dead = _dead_pid()
+    assert f.gpufleet_lock_holder_gone({"controller": "ctl-7", "pid": dead, "run_id": "r1"})
+    # another controller, a shared hostname, no pid, no owner.json: never judged gone
+    assert not f.gpufleet_lock_holder_gone({"controller": "awx-1", "pid": dead})
+    monkeypatch.setattr(f.socket, "gethostname", lambda: "localhost")
+    assert not f.gpufleet_lock_holder_gone({"controller": "localhost", "pid": dead})
+    monkeypatch.setattr(f.socket, "gethostname", lambda: "ctl-7")
+    assert not f.gpufleet_lock_holder_gone({"controller": "ctl-7"})
+    assert not f.gpufleet_lock_holder_gone({"run_id": "unknown (no owner.json)"})
+    # a live ansible process holds it; a reused pid running something else does not
+    ansible_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "ansible-playbook"])
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not f.gpufleet_lock_holder_gone({"controller": "ctl-7", "pid": ansible_like.pid})
+        assert f.gpufleet_lock_holder_gone({"controller": "ctl-7", "pid": other.pid})
+        assert not f.gpufleet_lock_holder_gone({"controller": "ctl-7", "pid": os.getppid()})
+    finally:
+        ansible_like.kill()
+        other.kill()
+        ansible_like.wait()
+        other.wait()
