@@ -30,6 +30,18 @@ except urllib.error.HTTPError as exc:
 """
 
 
+@pytest.fixture(scope="module", autouse=True)
+def host_left_as_found(lab):
+    """The lab is shared: a host that ran no server before these tests runs none after them."""
+    host = lab.hosts[0]
+    pid = server_pid(lab, host)
+    was_serving = bool(pid and alive(lab, host, pid))
+    yield
+    if not was_serving:
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host, tags="stop,wait")
+        assert runner.status == "successful", stdout_of(runner)[-3000:]
+
+
 def http_status(lab, host, method, path, key=None):
     url = "http://127.0.0.1:%d%s" % (int(lab.host_vars(host).get("sglang_port", 30000)), path)
     argv = [lab.host_vars(host)["sglang_python"], "-c", HTTP_STATUS, method, url] + ([key] if key else [])
