@@ -38,9 +38,14 @@ def procs(lab, host):
 
 def spawn(lab, host, title, user=None, hold=None):
     """Start a detached process titled ``title`` on the host (as ``user`` if given); returns its pid."""
-    py = lab.host_vars(host)["sglang_python"]
-    argv = [py, "-c", SPAWN, title] + ([hold] if hold else [])
-    prefix = ["setpriv", "--reuid=%s" % user, "--regid=%s" % user, "--clear-groups"] if user else []
+    if user:
+        # Another user cannot run the lab's interpreter (it lives under root's 0700 home, and pyenv's 3.12
+        # loads libpython from there): title a plain `sleep` through argv[0] instead of setproctitle.
+        argv = ["bash", "-c", 'exec -a "$0" sleep 600', title]
+        prefix = ["setpriv", "--reuid=%s" % user, "--regid=%s" % user, "--clear-groups"]
+    else:
+        argv = [lab.host_vars(host)["sglang_python"], "-c", SPAWN, title] + ([hold] if hold else [])
+        prefix = []
     script = " ".join("'%s'" % a.replace("'", "'\\''") for a in prefix + argv)
     res = lab.exec(host, ["sh", "-c", "setsid %s </dev/null >/dev/null 2>&1 & echo $!" % script], check=True)
     pid = int(res.stdout.split()[-1])
