@@ -12,6 +12,7 @@ import stat
 import sys
 
 from ansible.module_utils import basic
+from ansible.module_utils import gpufleet_gpu as G
 
 try:
     from ansible.module_utils.testing import patch_module_args
@@ -51,6 +52,13 @@ def load_module(name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def use_recorded_processes(monkeypatch):
+    """Keep this machine's /proc out of a GPU test: no fd holders, pids described from loaded-proc.txt."""
+    recorded = recorded_process_info()
+    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {})
+    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: recorded.get(p) for p in pids})
 
 
 def run_main(monkeypatch, module, args):

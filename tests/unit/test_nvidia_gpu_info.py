@@ -7,7 +7,8 @@ import yaml
 
 from ansible.module_utils import gpufleet_gpu as G
 from fake_pynvml import DRIVER_NOT_LOADED_TEXT, make_fake_nvml
-from gpu_module_harness import ROOT, load_module, recorded_process_info, run_main, write_fake_smi
+from gpu_module_harness import (ROOT, load_module, recorded_process_info, run_main, use_recorded_processes,
+                                write_fake_smi)
 
 MODULE = load_module("nvidia_gpu_info")
 
@@ -15,9 +16,7 @@ MODULE = load_module("nvidia_gpu_info")
 @pytest.fixture
 def no_holders(monkeypatch):
     """Keep this machine's /proc out of it and describe pids from the recording (loaded-proc.txt)."""
-    recorded = recorded_process_info()
-    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {})
-    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: recorded.get(p) for p in pids})
+    use_recorded_processes(monkeypatch)
 
 
 @pytest.fixture

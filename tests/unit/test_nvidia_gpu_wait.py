@@ -5,16 +5,14 @@ import pytest
 
 from ansible.module_utils import gpufleet_gpu as G
 from fake_pynvml import make_fake_nvml
-from gpu_module_harness import load_module, recorded_process_info, run_main, write_fake_smi
+from gpu_module_harness import load_module, recorded_process_info, run_main, use_recorded_processes, write_fake_smi
 
 MODULE = load_module("nvidia_gpu_wait")
 
 
 @pytest.fixture
 def recorded_procs(monkeypatch):
-    recorded = recorded_process_info()
-    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {})
-    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: recorded.get(p) for p in pids})
+    use_recorded_processes(monkeypatch)
 
 
 def releasing_nvml(monkeypatch, release_after_calls):

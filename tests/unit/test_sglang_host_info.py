@@ -1,5 +1,4 @@
 """sglang_host_info: disk and /dev/shm figures, the TCP listener on the port and whether it is the managed server."""
-import importlib.util
 import json
 import os
 import shutil
@@ -10,18 +9,12 @@ import sys
 import pytest
 
 from ansible.module_utils.testing import patch_module_args
+from gpu_module_harness import load_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def load_module():
-    spec = importlib.util.spec_from_file_location("sglang_host_info", os.path.join(ROOT, "library", "sglang_host_info.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-host_info = load_module()
+host_info = load_module("sglang_host_info")
 
 
 def run_main(args, capsys):

@@ -1,6 +1,5 @@
 """sglang_server_args_info main(): locating sglang for an interpreter, static/help/auto modes, results shape."""
 import argparse
-import importlib.util
 import json
 import os
 import stat
@@ -10,6 +9,7 @@ import textwrap
 import pytest
 
 from ansible.module_utils.testing import patch_module_args
+from gpu_module_harness import load_module
 from support.sglang_wheels import sglang_package_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,15 +21,7 @@ EAGLE3 = {
 }
 
 
-def load_module():
-    path = os.path.join(ROOT, "library", "sglang_server_args_info.py")
-    spec = importlib.util.spec_from_file_location("sglang_server_args_info", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-args_info = load_module()
+args_info = load_module("sglang_server_args_info")
 
 
 def run_main(args, capsys):
