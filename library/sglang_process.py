@@ -139,10 +139,11 @@ options:
   lock_dir:
     description:
       - With V(ready), the restart lock directory this run holds; its lease is renewed at the start of each slice
-        (C(gpufleet_lock) module_utils), so a long model load never lets the lease run out.
+        (C(gpufleet_lock) module_utils C(renew_lease)), so a long model load never lets the lease run out. When
+        the lock is gone or another run holds it the task fails at once (that run may be restarting the host).
     type: path
   lock_owner:
-    description: With V(ready), the run id that owns O(lock_dir) (renewal refuses to touch another run's lock).
+    description: With V(ready), the run id that owns O(lock_dir) (renewal refuses to touch another run's lock). Required with O(lock_dir).
     type: str
 attributes:
   check_mode:
@@ -284,10 +285,7 @@ except ImportError:
     HAS_PSUTIL = False
     PSUTIL_ERROR = traceback.format_exc()
 
-try:  # helper C's lock lease (plugins/module_utils/gpufleet_lock.py); optional until it lands
-    from ansible.module_utils import gpufleet_lock
-except ImportError:
-    gpufleet_lock = None
+from ansible.module_utils import gpufleet_lock
 
 PID_REUSE_SLACK_S = 5.0
 REAPER_COMM = b"gpufleet-reaper"
@@ -624,21 +622,15 @@ def last_log_line(path, offset, width=100):
 
 
 def renew_lock(lock_dir, lock_owner):
-    """Renew the restart lock's lease through gpufleet_lock (helper C's module_utils); None when not asked.
+    """Renew the restart lock's lease (gpufleet_lock.renew_lease); None when ``lock_dir`` is not set.
 
-    Returns True when renewed; a string saying why not otherwise (the wait goes on: the lease is the lock
-    module's concern, this call only keeps it alive).
+    Returns True when renewed. Raises gpufleet_lock.LockLost when the lock is gone or another run holds it
+    (the wait must stop: another run may be restarting this host), gpufleet_lock.LockError on I/O errors.
     """
     if not lock_dir:
         return None
-    if gpufleet_lock is None or not hasattr(gpufleet_lock, "renew"):
-        # TODO(issue 10, helper C): plugins/module_utils/gpufleet_lock.py with renew() has not landed yet.
-        return "lock renewal unavailable (gpufleet_lock module_utils missing)"
-    try:
-        gpufleet_lock.renew(lock_dir, lock_owner)
-        return True
-    except Exception as exc:  # a lease we no longer own is reported, not fatal here
-        return "lock not renewed: %s" % exc
+    gpufleet_lock.renew_lease(lock_dir, lock_owner)
+    return True
 
 
 class Waiter(object):
@@ -753,9 +745,11 @@ def run_ready(module, p, result):
             return int(status) if status.lstrip("-").isdigit() else None
         return read_exit_file(exit_file, dead_pid) if exit_file else None
 
-    renewed = renew_lock(p["lock_dir"], p["lock_owner"])
-    result.update(pid=pid, ready=False, lock_renewed=renewed is True,
-                  lock_note=None if renewed in (None, True) else renewed)
+    result.update(pid=pid, ready=False, lock_renewed=None)
+    try:
+        result["lock_renewed"] = renew_lock(p["lock_dir"], p["lock_owner"])
+    except gpufleet_lock.LockError as exc:
+        module.fail_json(msg="stopped waiting for the server (pid %d, left running): %s" % (pid, exc), **result)
     waiter = Waiter(p, pid, exit_code_of)
     state, elapsed, extra = waiter.run()
     result.update(elapsed_s=round(elapsed, 1), last=waiter.last, progress=waiter.progress(elapsed))
@@ -879,6 +873,7 @@ def main():
             lock_dir=dict(type="path"),
             lock_owner=dict(type="str"),
         ),
+        required_together=[("lock_dir", "lock_owner")],
         required_if=[("state", "started", ["argv", "log_file", "pid_file"]),
                      ("state", "ready", ["port"]),
                      ("state", "ready", ["pid", "pid_file", "unit"], True),

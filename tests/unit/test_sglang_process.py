@@ -319,17 +319,26 @@ def test_log_tail_from_an_offset_and_after_truncation(tmp_path):
 
 def test_ready_renews_the_restart_lock_each_slice(tmp_path, capsys, monkeypatch):
     calls = []
-
-    class FakeLock(object):
-        @staticmethod
-        def renew(lock_dir, owner):
-            calls.append((lock_dir, owner))
-    monkeypatch.setattr(proc_mod, "gpufleet_lock", FakeLock)
+    monkeypatch.setattr(proc_mod.gpufleet_lock, "renew_lease", lambda lock_dir, owner: calls.append((lock_dir, owner)))
     port = _free_port()
     rc, started = _start(tmp_path, capsys, "import time;time.sleep(30)")
     try:
         rc, result = _ready(tmp_path, capsys, started, port, slice_s=0, lock_dir=str(tmp_path / "lock"),
                             lock_owner="run-1")
         assert rc == 0 and result["lock_renewed"] is True and calls == [(str(tmp_path / "lock"), "run-1")]
+    finally:
+        _kill_group(started["pid"])
+
+
+def test_ready_stops_at_once_when_another_run_holds_the_lock(tmp_path, capsys, monkeypatch):
+    def lost(lock_dir, owner):
+        raise proc_mod.gpufleet_lock.LockLost("the restart lock %s is now held by run 77" % lock_dir)
+    monkeypatch.setattr(proc_mod.gpufleet_lock, "renew_lease", lost)
+    rc, started = _start(tmp_path, capsys, "import time;time.sleep(30)")
+    try:
+        rc, result = _ready(tmp_path, capsys, started, _free_port(), lock_dir=str(tmp_path / "lock"),
+                            lock_owner="run-1")
+        assert rc == 1 and "held by run 77" in result["msg"] and "left running" in result["msg"]
+        assert proc_mod.pid_alive(started["pid"])
     finally:
         _kill_group(started["pid"])
