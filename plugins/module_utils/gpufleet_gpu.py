@@ -6,33 +6,68 @@ Both backends return the same dictionaries, so a module never cares which one an
 
 * :meth:`Backend.system` -> ``{"driver_version": str, "cuda_version": str|None}``
 * :meth:`Backend.inventory` -> ``[{"index", "uuid", "name", "pci_bus_id", "minor_number"}]``
-* :meth:`Backend.details` -> one dict per GPU with every key of :data:`GPU_FIELDS` (None = not supported)
+* :meth:`Backend.details` -> one dict per GPU with every key of :data:`GPU_FIELDS` (None = the GPU cannot
+  report it; the driver's raw answer is then in the GPU's ``unsupported`` map, ``{key: raw text}``)
 * :meth:`Backend.memory` -> ``[{"index", "uuid", "memory_used_mib", "memory_total_mib",
-  "memory_reserved_mib"}]`` (the cheap call the wait loop polls)
+  "memory_reserved_mib"}]`` (the cheap call the wait loop polls; a GPU whose memory.used / memory.total
+  cannot be read raises :class:`FieldUnavailableError`)
 * :meth:`Backend.compute_processes` -> ``[{"gpu_index", "gpu_uuid", "pid", "used_memory_mib",
   "process_name"}]``
+* :meth:`Backend.nvlinks` -> ``{index: [link]}`` (see :data:`NVLINK_COUNTERS`); ``[]`` on a GPU without
+  NVLink peers (recordings/h200x1-health-driver580: NVML NotSupported, ``nvidia-smi nvlink -s`` empty)
 
 Memory is MiB (2**20 bytes). ``memory_used_mib`` excludes the driver's reserved memory on both backends:
 NVML v2 ``nvmlDeviceGetMemoryInfo(handle, version=nvmlMemory_v2).used`` equals nvidia-smi ``memory.used``,
 while NVML v1 ``used`` adds ``memory.reserved`` (615 MiB on an idle H200, driver 580.159; see
 shared/recordings/h200x2-driver580/loaded-nvml.txt).
 
-Nothing here imports Ansible: the nvidia-smi backend takes a ``runner(argv) -> (rc, stdout, stderr)``
-callable (modules pass ``AnsibleModule.run_command``; :func:`subprocess_runner` works elsewhere).
+Failures are :mod:`gpufleet_gpu_errors` classes with an ``error_class``; every nvidia-smi run and
+``nvmlInit`` is bounded in time (:class:`Deadline`), and a run that does not end is abandoned, not waited
+for (a wedged GPU leaves nvidia-smi in D state for minutes).
+
+Nothing here imports Ansible at import time: the nvidia-smi backend takes a ``runner(argv, timeout_s) ->
+(rc, stdout, stderr)`` callable (:func:`subprocess_runner`, which raises CallTimedOut on expiry).
 """
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 
+from ansible.module_utils.gpufleet_gpu_errors import (  # noqa: F401 -- re-exported for the modules
+    DRIVER_HINT,
+    FIELD_HINT,
+    HANDLE_HINT,
+    HANG_HINT,
+    LOST_HINT,
+    MISMATCH_HINT,
+    MIN_CALL_TIMEOUT_S,
+    BackendUnavailableError,
+    CallTimedOut,
+    Deadline,
+    DeviceHandleError,
+    DriverMismatchError,
+    DriverNotLoadedError,
+    FewerGpusError,
+    FieldUnavailableError,
+    GpuError,
+    GpuLostError,
+    GpuTimeoutError,
+    NoDevicesError,
+    SelectorError,
+    bounded_run,
+    call_in_thread,
+    classify_smi_failure,
+    first_lines,
+    lost_message,
+)
 from ansible.module_utils.gpufleet_procs import (
     MissingLibraryError,
     clean_text,
     describe_pids,
     find_device_holders,
     gpu_minor_of_path,
+    holder_kind,
 )
 
 try:
@@ -47,68 +82,47 @@ except ImportError as _exc:  # auto falls back to nvidia-smi; backend=nvml repor
 BACKEND_CHOICES = ("auto", "nvml", "nvidia-smi")
 MIB = 1 << 20
 
-#: Keys of a GPU dict from :meth:`Backend.details`, with units in the names.
+#: Keys of a GPU dict from :meth:`Backend.details`, with units in the names. The nvidia-smi field and the
+#: NVML call behind each: :data:`SMI_GPU_QUERY` and :meth:`NvmlBackend.details`.
 GPU_FIELDS = (
-    "index", "uuid", "name", "pci_bus_id", "minor_number",
+    "index", "uuid", "name", "pci_bus_id", "minor_number", "serial", "vbios_version",
     "memory_used_mib", "memory_total_mib", "memory_reserved_mib",
-    "utilization_gpu_pct", "temperature_gpu_c", "power_draw_w", "power_limit_w",
-    "persistence_mode", "compute_mode",
+    "utilization_gpu_pct", "temperature_gpu_c", "temperature_memory_c", "power_draw_w", "power_limit_w",
+    "pstate", "clocks_sm_mhz", "clocks_max_sm_mhz", "clocks_event_reasons_mask", "clocks_event_reasons",
+    "pcie_link_gen_current", "pcie_link_gen_max", "pcie_link_width_current", "pcie_link_width_max",
+    "persistence_mode", "compute_mode", "mig_mode_current", "mig_mode_pending", "ecc_mode_current",
     "ecc_errors_corrected_volatile_total", "ecc_errors_uncorrected_volatile_total",
+    "ecc_errors_corrected_aggregate_total", "ecc_errors_uncorrected_aggregate_total",
     "remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
-    "remapped_rows_failure",
+    "remapped_rows_failure", "retired_pages_single_bit_ecc_count", "retired_pages_double_bit_ecc_count",
+    "retired_pages_pending", "unsupported",
 )
 
 # NVML nvmlComputeMode_t values -> the words nvidia-smi prints for compute_mode.
 COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 
+#: Clock event (throttle) reason bits (nvml.h nvmlClocksEventReason*, nvidia-smi clocks_event_reasons.*)
+#: -> the names of ``clocks_event_reasons``, in bit order.
+CLOCK_EVENT_REASONS = (
+    (0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"), (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"), (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"), (0x100, "display_clock_setting"),
+)
 
-class GpuError(Exception):
-    """A failure the module reports with fail_json; ``msg`` says what happened and what to do.
+#: NVLink error counters per link: (NVML nvmlNvLinkErrorCounter_t value, our key). nvidia-smi nvlink -e
+#: names them "Replay Errors", "Recovery Errors", "CRC Errors" (flit) and "Data CRC Errors".
+NVLINK_COUNTERS = ((0, "replay_errors"), (1, "recovery_errors"), (2, "crc_flit_errors"), (3, "crc_data_errors"))
+NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS (H100/H200: 18 links)
 
-    ``rc``/``stdout``/``stderr`` are set when an nvidia-smi call failed.
-    """
-
-    def __init__(self, msg, rc=None, stdout=None, stderr=None):
-        super().__init__(msg)
-        self.msg = msg
-        self.rc = rc
-        self.stdout = stdout
-        self.stderr = stderr
-
-    def fail_kwargs(self):
-        """Keyword arguments for ``AnsibleModule.fail_json``."""
-        kw = {"msg": self.msg}
-        for key in ("rc", "stdout", "stderr"):
-            if getattr(self, key) is not None:
-                kw[key] = getattr(self, key)
-        return kw
+#: Fields the wait cannot do without: [N/A] there fails at once (error_class field_unavailable).
+REQUIRED_MEMORY_FIELDS = (("memory_used_mib", "memory.used"), ("memory_total_mib", "memory.total"))
 
 
-class DriverNotLoadedError(GpuError):
-    """The NVIDIA kernel driver does not answer (NVML_ERROR_DRIVER_NOT_LOADED / nvidia-smi rc 9)."""
-
-
-class BackendUnavailableError(GpuError):
-    """This backend cannot run here (no libnvidia-ml.so.1, no nvidia-smi binary)."""
-
-
-class GpuLostError(GpuError):
-    """A GPU fell off the bus (NVML_ERROR_GPU_IS_LOST / nvidia-smi "GPU is lost")."""
-
-
-class SelectorError(GpuError):
-    """A ``gpus`` selector is malformed or names no GPU on this host."""
-
-
-DRIVER_HINT = ("Check that the NVIDIA kernel module is loaded (`lsmod | grep nvidia`, `dmesg | grep NVRM`), "
-               "reinstall or reload the driver, and inside a container start it with GPU access "
-               "(NVIDIA Container Toolkit, --gpus).")
-LOST_HINT = ("Look for Xid 79 in the kernel log (`dmesg | grep -i xid`); the GPU needs a reset "
-             "(`nvidia-smi -r` once nothing uses it) or, usually, a reboot of the host.")
-
-
-def _lost_message(where):
-    return "GPU %s is lost (fell off the bus). %s" % (where, LOST_HINT)
+def clock_event_reason_names(mask):
+    """Names of the set bits of a clocks-event-reasons mask (int), in bit order; None for None."""
+    if mask is None:
+        return None
+    return [name for bit, name in CLOCK_EVENT_REASONS if mask & bit]
 
 
 def cuda_version_text(value):
@@ -129,6 +143,24 @@ def bytes_to_mib(value):
     if value is None:
         return None
     return -(-int(value) // MIB)
+
+
+def require_gpu_count(inventory, expected_count=None, backend_name="the driver"):
+    """Raise :class:`NoDevicesError` for zero GPUs, :class:`FewerGpusError` for fewer than
+    ``expected_count`` (None: only zero fails). More GPUs than expected is not an error."""
+    present = len(inventory)
+    listing = ", ".join("%d (%s)" % (g["index"], g.get("pci_bus_id") or g.get("uuid")) for g in inventory)
+    if present == 0:
+        raise NoDevicesError("%s lists no GPU on this host%s. What to do: check `lspci | grep -i nvidia`, the "
+                             "kernel log for Xid errors (`dmesg | grep -i xid`), and in a container that GPUs "
+                             "were passed in." % (backend_name, " (expected %d)" % expected_count
+                                                  if expected_count else ""))
+    if expected_count is not None and present < expected_count:
+        raise FewerGpusError(
+            "%s lists %d GPU%s, expected %d (expected_count / gpufleet_expected_gpus). Present: %s. "
+            "What to do: a GPU missing from the list usually fell off the bus: look for Xid 79 in the kernel "
+            "log (`dmesg | grep -i xid`), compare with `lspci | grep -i nvidia`; it needs a reset or a reboot."
+            % (backend_name, present, "" if present == 1 else "s", expected_count, listing))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -189,17 +221,23 @@ def resolve_selectors(selectors, inventory):
 # --------------------------------------------------------------------------------------------------------
 # NVML backend
 
+def _nvml_text(exc, fn_name):
+    """Raw form of an NVML failure for an ``unsupported`` map: "Not Supported (nvmlDeviceGetRetiredPages)"."""
+    return "%s (%s)" % (exc, fn_name)
+
+
 class NvmlBackend:
     """GPU state through NVML (nvidia-ml-py). One ``nvmlInit`` per session (10.9 ms on 2x H200), then
     every query is a library call (``nvmlDeviceGetMemoryInfo`` v2: 5 us) -- cheap enough to poll.
-    Figures: docs/benchmarks.md."""
+    Figures: docs/benchmarks.md. ``nvmlInit`` runs in a daemon thread bounded by ``deadline``."""
 
     name = "nvml"
 
-    def __init__(self, nvml=None):
+    def __init__(self, nvml=None, deadline=None):
         self._n = nvml if nvml is not None else pynvml
         if self._n is None:
             raise MissingLibraryError("nvidia-ml-py", PYNVML_IMPORT_ERROR)
+        self._deadline = deadline or Deadline(None)
         self._handles = None
         self._inventory = None
         self._open = False
@@ -207,28 +245,29 @@ class NvmlBackend:
 
     # -- session --
     def open(self):
-        """``nvmlInit``; maps its errors to :class:`BackendUnavailableError` / :class:`DriverNotLoadedError`."""
+        """``nvmlInit`` (bounded: :class:`GpuTimeoutError` when it does not return in the time left);
+        maps its errors to the classes of :mod:`gpufleet_gpu_errors`. Messages start with NVML's text."""
         n = self._n
         try:
-            n.nvmlInit()
+            call_in_thread(n.nvmlInit, self._deadline.call_timeout(), "nvmlInit (NVML initialisation)")
         except n.NVMLError as exc:
             code = getattr(exc, "value", None)
             if code == n.NVML_ERROR_LIBRARY_NOT_FOUND:
                 raise BackendUnavailableError(
-                    "NVML: libnvidia-ml.so.1 was not found (%s). The NVIDIA driver's user-space libraries are "
+                    "NVML: %s: libnvidia-ml.so.1 was not found. The NVIDIA driver's user-space libraries are "
                     "not installed on this host or not mounted into this container; install the driver "
                     "(or the NVIDIA Container Toolkit) or use backend: nvidia-smi." % exc)
             if code == n.NVML_ERROR_DRIVER_NOT_LOADED:
-                raise DriverNotLoadedError("NVML: the NVIDIA driver is not loaded (%s). %s" % (exc, DRIVER_HINT))
+                raise DriverNotLoadedError("NVML: %s: the NVIDIA driver is not loaded. %s" % (exc, DRIVER_HINT))
             if code == getattr(n, "NVML_ERROR_LIB_RM_VERSION_MISMATCH", -1):
-                raise DriverNotLoadedError(
-                    "NVML: driver/library version mismatch (%s): the kernel module and libnvidia-ml differ, "
-                    "usually after a driver upgrade without reboot; reboot or reload the nvidia modules." % exc)
+                raise DriverMismatchError("NVML: %s: driver/library version mismatch. %s" % (exc, MISMATCH_HINT))
             if code == n.NVML_ERROR_NO_PERMISSION:
                 raise BackendUnavailableError(
-                    "NVML: no permission to open the NVIDIA devices (%s); run as a user that may open "
+                    "NVML: %s: no permission to open the NVIDIA devices; run as a user that may open "
                     "/dev/nvidia*." % exc)
-            raise BackendUnavailableError("NVML: nvmlInit failed: %s. %s" % (exc, DRIVER_HINT))
+            if code == n.NVML_ERROR_GPU_IS_LOST:
+                raise GpuLostError(lost_message("?", "NVML: nvmlInit: %s" % exc))
+            raise GpuError("NVML: nvmlInit failed: %s. %s" % (exc, DRIVER_HINT))
         self._open = True
         return self
 
@@ -248,29 +287,46 @@ class NvmlBackend:
         self.close()
 
     # -- helpers --
+    def _bus(self, index):
+        if self._inventory and index is not None:
+            return next((g["pci_bus_id"] for g in self._inventory if g["index"] == index), None)
+        return None
+
     def _raise(self, exc, what, index=None):
         n = self._n
         code = getattr(exc, "value", None)
         where = "%s" % index if index is not None else "?"
+        bus = self._bus(index)
         if code == n.NVML_ERROR_GPU_IS_LOST:
-            bus = None
-            if self._inventory and index is not None:
-                bus = next((g["pci_bus_id"] for g in self._inventory if g["index"] == index), None)
-            raise GpuLostError(_lost_message("%s%s" % (where, " (%s)" % bus if bus else "")))
+            raise GpuLostError(lost_message("%s%s" % (where, " (%s)" % bus if bus else ""),
+                                            "NVML: %s: %s" % (what, exc)))
         if code == n.NVML_ERROR_DRIVER_NOT_LOADED:
-            raise DriverNotLoadedError("NVML: the NVIDIA driver is not loaded (%s). %s" % (exc, DRIVER_HINT))
+            raise DriverNotLoadedError("NVML: %s: %s: the NVIDIA driver is not loaded. %s" % (what, exc, DRIVER_HINT))
+        if code == getattr(n, "NVML_ERROR_TIMEOUT", -1):
+            raise GpuTimeoutError("NVML: %s: %s for GPU %s. %s" % (what, exc, where, HANG_HINT))
         raise GpuError("NVML: %s failed for GPU %s: %s" % (what, where, exc))
 
-    def _optional(self, index, fn, *args):
-        """Call an NVML getter for an optional field: None when unsupported, GpuLostError when lost."""
+    def _fatal(self, exc):
+        n = self._n
+        return getattr(exc, "value", None) in (n.NVML_ERROR_GPU_IS_LOST, n.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    def _optional(self, index, fn, *args, unsupported=None, key=None):
+        """Call an NVML getter for an optional field: None when the GPU cannot answer (the error text goes
+        to ``unsupported[key]``), GpuLostError / DriverNotLoadedError when the GPU or driver is gone."""
         n = self._n
         try:
             return fn(*args)
         except n.NVMLError as exc:
-            if getattr(exc, "value", None) in (n.NVML_ERROR_GPU_IS_LOST, n.NVML_ERROR_DRIVER_NOT_LOADED):
+            if self._fatal(exc):
                 self._raise(exc, getattr(fn, "__name__", "query"), index)
             # NotSupported (H200 retired pages), NoPermission, FunctionNotFound (older driver), Unknown:
             # the field is null rather than the whole answer failing.
+            if unsupported is not None and key:
+                unsupported[key] = _nvml_text(exc, getattr(fn, "__name__", "query"))
+            return None
+        except (AttributeError, TypeError) as exc:  # call missing from an older nvidia-ml-py
+            if unsupported is not None and key:
+                unsupported[key] = "%s: %s" % (type(exc).__name__, exc)
             return None
 
     def _handle_list(self):
@@ -280,12 +336,19 @@ class NvmlBackend:
                 count = n.nvmlDeviceGetCount()
             except n.NVMLError as exc:
                 self._raise(exc, "nvmlDeviceGetCount")
+            if count == 0:
+                raise NoDevicesError("NVML: nvmlDeviceGetCount() = 0: the driver lists no GPU. What to do: check "
+                                     "`lspci | grep -i nvidia`, `dmesg | grep -i xid`, and in a container that "
+                                     "GPUs were passed in (--gpus, NVIDIA_VISIBLE_DEVICES).")
             handles = []
             for i in range(count):
                 try:
                     handles.append(n.nvmlDeviceGetHandleByIndex(i))
                 except n.NVMLError as exc:
-                    self._raise(exc, "nvmlDeviceGetHandleByIndex", i)
+                    if getattr(exc, "value", None) in (n.NVML_ERROR_GPU_IS_LOST, n.NVML_ERROR_DRIVER_NOT_LOADED):
+                        self._raise(exc, "nvmlDeviceGetHandleByIndex(%d)" % i, i)
+                    raise DeviceHandleError("NVML: nvmlDeviceGetHandleByIndex(%d): %s\nThe driver cannot open "
+                                            "GPU %d. %s" % (i, exc, i, HANDLE_HINT))
             self._handles = handles
         return self._handles
 
@@ -331,17 +394,28 @@ class NvmlBackend:
             except n.NVMLError as exc:
                 if getattr(exc, "value", None) not in (n.NVML_ERROR_FUNCTION_NOT_FOUND, n.NVML_ERROR_NOT_SUPPORTED,
                                                        getattr(n, "NVML_ERROR_ARGUMENT_VERSION_MISMATCH", -1)):
-                    self._raise(exc, "nvmlDeviceGetMemoryInfo(v2)", index)
+                    self._memory_error(exc, "nvmlDeviceGetMemoryInfo(v2)", index)
                 # Drivers before the v2 struct: v1 "used" includes the reserved memory, reserved unknown.
                 self._memory_v2 = False
         try:
             m = n.nvmlDeviceGetMemoryInfo(handle)
         except n.NVMLError as exc:
-            self._raise(exc, "nvmlDeviceGetMemoryInfo", index)
+            self._memory_error(exc, "nvmlDeviceGetMemoryInfo", index)
         return bytes_to_mib(m.used), bytes_to_mib(m.total), None
 
+    def _memory_error(self, exc, what, index):
+        if self._fatal(exc) or getattr(exc, "value", None) == getattr(self._n, "NVML_ERROR_TIMEOUT", -1):
+            self._raise(exc, what, index)
+        bus = self._bus(index)
+        err = FieldUnavailableError(
+            "NVML: %s: %s\nGPU %s%s cannot report memory.used / memory.total. %s"
+            % (what, exc, index, " (%s)" % bus if bus else "", FIELD_HINT))
+        err.gpu, err.field, err.raw = index, "memory.used", str(exc)
+        raise err
+
     def memory(self, indices=None):
-        """Memory of the GPUs ``indices`` (all when None) via nvmlDeviceGetMemoryInfo(h, nvmlMemory_v2)."""
+        """Memory of the GPUs ``indices`` (all when None) via nvmlDeviceGetMemoryInfo(h, nvmlMemory_v2).
+        Raises :class:`FieldUnavailableError` when a GPU cannot report it (NotSupported, Unknown)."""
         inv = self.inventory()
         handles = self._handle_list()
         out = []
@@ -353,44 +427,150 @@ class NvmlBackend:
                         "memory_total_mib": total, "memory_reserved_mib": reserved})
         return out
 
+    def _memory_temp(self, i, h, unsupported):
+        """HBM temperature, C: nvmlDeviceGetFieldValues(h, [NVML_FI_DEV_MEMORY_TEMP]) (field 82)."""
+        n = self._n
+        field_id = getattr(n, "NVML_FI_DEV_MEMORY_TEMP", 82)
+        values = self._optional(i, n.nvmlDeviceGetFieldValues, h, [field_id], unsupported=unsupported,
+                                key="temperature_memory_c")
+        if not values:
+            return None
+        fv = values[0]
+        ret = getattr(fv, "nvmlReturn", 0)
+        if ret:
+            unsupported["temperature_memory_c"] = "NVML return %s (nvmlDeviceGetFieldValues)" % ret
+            return None
+        value = getattr(getattr(fv, "value", None), "uiVal", None)
+        return int(value) if value is not None else None
+
     def details(self, indices=None):
-        """Every :data:`GPU_FIELDS` key per GPU. NVML calls: nvmlDeviceGetUtilizationRates().gpu,
-        nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU), nvmlDeviceGetPowerUsage and
-        nvmlDeviceGetPowerManagementLimit (mW -> W), nvmlDeviceGetPersistenceMode, nvmlDeviceGetComputeMode,
-        nvmlDeviceGetTotalEccErrors(CORRECTED|UNCORRECTED, NVML_VOLATILE_ECC), nvmlDeviceGetRemappedRows."""
+        """Every :data:`GPU_FIELDS` key per GPU; fields the GPU cannot report are None with the NVML error in
+        ``unsupported``. NVML calls (W from mW, C, MHz): nvmlDeviceGetMemoryInfo(v2),
+        nvmlDeviceGetUtilizationRates().gpu, nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU),
+        nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP), nvmlDeviceGetPowerUsage,
+        nvmlDeviceGetPowerManagementLimit, nvmlDeviceGetPerformanceState, nvmlDeviceGetClockInfo /
+        nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM), nvmlDeviceGetCurrentClocksEventReasons,
+        nvmlDeviceGetCurrPcieLinkGeneration / MaxPcieLinkGeneration / CurrPcieLinkWidth / MaxPcieLinkWidth,
+        nvmlDeviceGetPersistenceMode, nvmlDeviceGetComputeMode, nvmlDeviceGetMigMode, nvmlDeviceGetEccMode,
+        nvmlDeviceGetTotalEccErrors(CORRECTED|UNCORRECTED, NVML_VOLATILE_ECC|NVML_AGGREGATE_ECC),
+        nvmlDeviceGetRemappedRows, nvmlDeviceGetRetiredPages(MULTIPLE_SINGLE_BIT|DOUBLE_BIT),
+        nvmlDeviceGetRetiredPagesPendingStatus, nvmlDeviceGetSerial, nvmlDeviceGetVbiosVersion."""
         n = self._n
         handles = self._handle_list()
-        mem = {m["index"]: m for m in self.memory(indices)}
         out = []
         for g in self.inventory():
-            if g["index"] not in mem:
+            if indices is not None and g["index"] not in indices:
                 continue
             i, h = g["index"], handles[g["index"]]
-            util = self._optional(i, n.nvmlDeviceGetUtilizationRates, h)
-            power = self._optional(i, n.nvmlDeviceGetPowerUsage, h)
-            limit = self._optional(i, n.nvmlDeviceGetPowerManagementLimit, h)
-            persistence = self._optional(i, n.nvmlDeviceGetPersistenceMode, h)
-            compute = self._optional(i, n.nvmlDeviceGetComputeMode, h)
-            rows = self._optional(i, n.nvmlDeviceGetRemappedRows, h)
+            un = {}
+
+            def opt(key, fn, *args):
+                return self._optional(i, fn, *args, unsupported=un, key=key)
+
+            try:
+                used, total, reserved = self._memory_one(i, h)
+            except FieldUnavailableError as exc:
+                used = total = reserved = None
+                un["memory_used_mib"] = un["memory_total_mib"] = exc.raw
+            util = opt("utilization_gpu_pct", n.nvmlDeviceGetUtilizationRates, h)
+            power = opt("power_draw_w", n.nvmlDeviceGetPowerUsage, h)
+            limit = opt("power_limit_w", n.nvmlDeviceGetPowerManagementLimit, h)
+            persistence = opt("persistence_mode", n.nvmlDeviceGetPersistenceMode, h)
+            compute = opt("compute_mode", n.nvmlDeviceGetComputeMode, h)
+            rows = opt("remapped_rows", n.nvmlDeviceGetRemappedRows, h)
+            pstate = opt("pstate", n.nvmlDeviceGetPerformanceState, h)
+            reasons_fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+                n, "nvmlDeviceGetCurrentClocksThrottleReasons")
+            mask = opt("clocks_event_reasons_mask", reasons_fn, h)
+            mig = opt("mig_mode_current", n.nvmlDeviceGetMigMode, h)
+            ecc_mode = opt("ecc_mode_current", n.nvmlDeviceGetEccMode, h)
+            clock_sm = getattr(n, "NVML_CLOCK_SM", 1)
+            vol, agg = getattr(n, "NVML_VOLATILE_ECC", 0), getattr(n, "NVML_AGGREGATE_ECC", 1)
+            corr, unc = n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+            sbe = opt("retired_pages_single_bit_ecc_count", n.nvmlDeviceGetRetiredPages, h,
+                      getattr(n, "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS", 0))
+            dbe = opt("retired_pages_double_bit_ecc_count", n.nvmlDeviceGetRetiredPages, h,
+                      getattr(n, "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR", 1))
+            pending_pages = opt("retired_pages_pending", n.nvmlDeviceGetRetiredPagesPendingStatus, h) \
+                if hasattr(n, "nvmlDeviceGetRetiredPagesPendingStatus") else None
+            if rows is None and "remapped_rows" in un:
+                raw = un.pop("remapped_rows")
+                for key in ("remapped_rows_correctable", "remapped_rows_uncorrectable", "remapped_rows_pending",
+                            "remapped_rows_failure"):
+                    un[key] = raw
+            if mig is None and "mig_mode_current" in un:
+                un["mig_mode_pending"] = un["mig_mode_current"]
             gpu = dict(g)
-            gpu.update(mem[i])
             gpu.update({
+                "serial": clean_text(opt("serial", n.nvmlDeviceGetSerial, h)),
+                "vbios_version": clean_text(opt("vbios_version", n.nvmlDeviceGetVbiosVersion, h)),
+                "memory_used_mib": used, "memory_total_mib": total, "memory_reserved_mib": reserved,
                 "utilization_gpu_pct": getattr(util, "gpu", None) if util is not None else None,
-                "temperature_gpu_c": self._optional(i, n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU),
+                "temperature_gpu_c": opt("temperature_gpu_c", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU),
+                "temperature_memory_c": self._memory_temp(i, h, un),
                 "power_draw_w": round(power / 1000.0, 2) if power is not None else None,
                 "power_limit_w": round(limit / 1000.0, 2) if limit is not None else None,
+                "pstate": None if pstate is None or pstate == 32 else "P%d" % pstate,
+                "clocks_sm_mhz": opt("clocks_sm_mhz", n.nvmlDeviceGetClockInfo, h, clock_sm),
+                "clocks_max_sm_mhz": opt("clocks_max_sm_mhz", n.nvmlDeviceGetMaxClockInfo, h, clock_sm),
+                "clocks_event_reasons_mask": None if mask is None else int(mask),
+                "clocks_event_reasons": clock_event_reason_names(None if mask is None else int(mask)),
+                "pcie_link_gen_current": opt("pcie_link_gen_current", n.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                "pcie_link_gen_max": opt("pcie_link_gen_max", n.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                "pcie_link_width_current": opt("pcie_link_width_current", n.nvmlDeviceGetCurrPcieLinkWidth, h),
+                "pcie_link_width_max": opt("pcie_link_width_max", n.nvmlDeviceGetMaxPcieLinkWidth, h),
                 "persistence_mode": None if persistence is None else ("Enabled" if persistence else "Disabled"),
                 "compute_mode": None if compute is None else COMPUTE_MODES.get(compute, str(compute)),
-                "ecc_errors_corrected_volatile_total": self._optional(
-                    i, n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
-                "ecc_errors_uncorrected_volatile_total": self._optional(
-                    i, n.nvmlDeviceGetTotalEccErrors, h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
+                "mig_mode_current": None if mig is None else ("Enabled" if mig[0] else "Disabled"),
+                "mig_mode_pending": None if mig is None else ("Enabled" if mig[1] else "Disabled"),
+                "ecc_mode_current": None if ecc_mode is None else ("Enabled" if ecc_mode[0] else "Disabled"),
+                "ecc_errors_corrected_volatile_total": opt(
+                    "ecc_errors_corrected_volatile_total", n.nvmlDeviceGetTotalEccErrors, h, corr, vol),
+                "ecc_errors_uncorrected_volatile_total": opt(
+                    "ecc_errors_uncorrected_volatile_total", n.nvmlDeviceGetTotalEccErrors, h, unc, vol),
+                "ecc_errors_corrected_aggregate_total": opt(
+                    "ecc_errors_corrected_aggregate_total", n.nvmlDeviceGetTotalEccErrors, h, corr, agg),
+                "ecc_errors_uncorrected_aggregate_total": opt(
+                    "ecc_errors_uncorrected_aggregate_total", n.nvmlDeviceGetTotalEccErrors, h, unc, agg),
                 "remapped_rows_correctable": rows[0] if rows else None,
                 "remapped_rows_uncorrectable": rows[1] if rows else None,
                 "remapped_rows_pending": bool(rows[2]) if rows else None,
                 "remapped_rows_failure": bool(rows[3]) if rows else None,
+                "retired_pages_single_bit_ecc_count": None if sbe is None else len(sbe),
+                "retired_pages_double_bit_ecc_count": None if dbe is None else len(dbe),
+                "retired_pages_pending": None if pending_pages is None else bool(pending_pages),
             })
+            gpu["unsupported"] = un
             out.append(gpu)
+        return out
+
+    def nvlinks(self, indices=None):
+        """``{index: [{"link": int, "state": "active"|"inactive", <NVLINK_COUNTERS keys>: int|None}]}`` from
+        nvmlDeviceGetNvLinkState(h, link) and nvmlDeviceGetNvLinkErrorCounter(h, link, counter), links 0..17.
+        The first NotSupported / InvalidArgument ends a GPU's list: a GPU without NVLink (or without peers:
+        the recorded single-GPU H200) gives ``[]``."""
+        n = self._n
+        handles = self._handle_list()
+        out = {}
+        for g in self.inventory():
+            if indices is not None and g["index"] not in indices:
+                continue
+            i, h = g["index"], handles[g["index"]]
+            links = []
+            for link in range(NVLINK_MAX_LINKS):
+                try:
+                    state = n.nvmlDeviceGetNvLinkState(h, link)
+                except n.NVMLError as exc:
+                    if self._fatal(exc):
+                        self._raise(exc, "nvmlDeviceGetNvLinkState", i)
+                    break
+                except AttributeError:
+                    break
+                row = {"link": link, "state": "active" if state else "inactive"}
+                for counter, key in NVLINK_COUNTERS:
+                    row[key] = self._optional(i, n.nvmlDeviceGetNvLinkErrorCounter, h, link, counter)
+                links.append(row)
+            out[i] = links
         return out
 
     def compute_processes(self, indices=None):
@@ -422,10 +602,14 @@ class NvmlBackend:
 _NA_VALUES = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", "[Insufficient Permissions]",
               "[GPU is lost]", "[Requested functionality has been deprecated]", ""}
 _INVALID_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query')
-_LOST_RE = re.compile(r"Unable to determine the device handle for GPU\s*([0-9A-Fa-f:.]*)\s*:\s*GPU is lost", re.I)
-_DRIVER_RE = re.compile(r"couldn't communicate with the NVIDIA driver|NVIDIA driver is not loaded|"
-                        r"Driver/library version mismatch", re.I)
 _CUDA_RE = re.compile(r"CUDA Version:\s*([0-9][0-9.]*)")
+_NVLINK_GPU_RE = re.compile(r"^GPU (\d+): .*\(UUID: ([^)]+)\)\s*$")
+_NVLINK_STATE_RE = re.compile(r"^\s*Link (\d+): (.*)$")
+_NVLINK_ERR_RE = re.compile(r"^\s*Link (\d+): (.+?) Errors?: (\S+)\s*$")
+# `nvidia-smi nvlink -e` counter names -> our keys (NVLINK_COUNTERS).
+_NVLINK_ERR_NAMES = {"replay": "replay_errors", "recovery": "recovery_errors", "crc": "crc_flit_errors",
+                     "flit crc": "crc_flit_errors", "crc flit": "crc_flit_errors", "data crc": "crc_data_errors",
+                     "crc data": "crc_data_errors"}
 
 
 def _na(value):
@@ -437,6 +621,15 @@ def _int(value):
         return None
     try:
         return int(float(value))
+    except ValueError:
+        return None
+
+
+def _hex(value):
+    if _na(value):
+        return None
+    try:
+        return int(value.strip(), 16)
     except ValueError:
         return None
 
@@ -458,9 +651,9 @@ def _yes_no(value):
     if _na(value):
         return None
     v = value.strip().lower()
-    if v in ("yes", "enabled", "1", "true"):
+    if v in ("yes", "enabled", "1", "true", "active"):
         return True
-    if v in ("no", "disabled", "0", "false"):
+    if v in ("no", "disabled", "0", "false", "not active"):
         return False
     return None
 
@@ -471,26 +664,45 @@ def _enabled(value):
 
 
 # (nvidia-smi --query-gpu field, our key, converter). "name" stays last: a free-text value may hold commas,
-# so the line is split with maxsplit and the tail kept whole.
+# so the line is split with maxsplit and the tail kept whole. Units: MiB, %, C, W, MHz (nounits).
 SMI_GPU_QUERY = (
     ("index", "index", _int),
     ("uuid", "uuid", _text),
     ("pci.bus_id", "pci_bus_id", _text),
+    ("serial", "serial", _text),
+    ("vbios_version", "vbios_version", _text),
     ("memory.used", "memory_used_mib", _int),
     ("memory.total", "memory_total_mib", _int),
     ("memory.reserved", "memory_reserved_mib", _int),
     ("utilization.gpu", "utilization_gpu_pct", _int),
     ("temperature.gpu", "temperature_gpu_c", _int),
+    ("temperature.memory", "temperature_memory_c", _int),
     ("power.draw", "power_draw_w", _float),
     ("power.limit", "power_limit_w", _float),
+    ("pstate", "pstate", _text),
+    ("clocks.sm", "clocks_sm_mhz", _int),
+    ("clocks.max.sm", "clocks_max_sm_mhz", _int),
+    ("clocks_event_reasons.active", "clocks_event_reasons_mask", _hex),
+    ("pcie.link.gen.current", "pcie_link_gen_current", _int),
+    ("pcie.link.gen.max", "pcie_link_gen_max", _int),
+    ("pcie.link.width.current", "pcie_link_width_current", _int),
+    ("pcie.link.width.max", "pcie_link_width_max", _int),
     ("persistence_mode", "persistence_mode", _enabled),
     ("compute_mode", "compute_mode", _text),
+    ("mig.mode.current", "mig_mode_current", _enabled),
+    ("mig.mode.pending", "mig_mode_pending", _enabled),
+    ("ecc.mode.current", "ecc_mode_current", _enabled),
     ("ecc.errors.corrected.volatile.total", "ecc_errors_corrected_volatile_total", _int),
     ("ecc.errors.uncorrected.volatile.total", "ecc_errors_uncorrected_volatile_total", _int),
+    ("ecc.errors.corrected.aggregate.total", "ecc_errors_corrected_aggregate_total", _int),
+    ("ecc.errors.uncorrected.aggregate.total", "ecc_errors_uncorrected_aggregate_total", _int),
     ("remapped_rows.correctable", "remapped_rows_correctable", _int),
     ("remapped_rows.uncorrectable", "remapped_rows_uncorrectable", _int),
     ("remapped_rows.pending", "remapped_rows_pending", _yes_no),
     ("remapped_rows.failure", "remapped_rows_failure", _yes_no),
+    ("retired_pages.single_bit_ecc.count", "retired_pages_single_bit_ecc_count", _int),
+    ("retired_pages.double_bit.count", "retired_pages_double_bit_ecc_count", _int),
+    ("retired_pages.pending", "retired_pages_pending", _yes_no),
     ("driver_version", "driver_version", _text),
     ("name", "name", _text),
 )
@@ -511,16 +723,13 @@ SMI_APPS_QUERY = (
 )
 # Fields a driver may not know (memory.reserved, remapped_rows.* are recent); the rest must exist.
 _SMI_REQUIRED = {"index", "uuid", "memory.used", "memory.total", "pid", "gpu_uuid", "name"}
+_KEY_TO_FIELD = {key: field for field, key, _ in SMI_GPU_QUERY}
 
 
-def subprocess_runner(argv):
-    """``runner`` for :class:`SmiBackend` outside Ansible: argv list, LC_ALL=C, text decoded with 'replace'."""
-    env = dict(os.environ, LC_ALL="C", LANG="C")
-    try:
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, check=False)
-    except OSError as exc:
-        return 127, "", str(exc)
-    return proc.returncode, proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
+def subprocess_runner(argv, timeout_s=None):
+    """``runner`` for :class:`SmiBackend`: argv list, LC_ALL=C, text decoded with 'replace', bounded by
+    ``timeout_s`` (None: 60 s) with :func:`bounded_run` (raises CallTimedOut; rc 127 when not runnable)."""
+    return bounded_run(list(argv), 60.0 if timeout_s is None else timeout_s)
 
 
 def _sysfs_minor(bus_id, driver_root="/proc/driver/nvidia/gpus"):
@@ -543,11 +752,12 @@ def _sysfs_minor(bus_id, driver_root="/proc/driver/nvidia/gpus"):
 
 class SmiBackend:
     """GPU state through ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits`` (30.8 ms a call
-    on 2x H200, median; the cost of each poll). ``runner(argv) -> (rc, stdout, stderr)`` runs it with LC_ALL=C."""
+    on 2x H200, median; the cost of each poll). ``runner(argv, timeout_s) -> (rc, stdout, stderr)`` runs it
+    with LC_ALL=C; each run gets ``deadline.call_timeout()`` seconds."""
 
     name = "nvidia-smi"
 
-    def __init__(self, runner=None, smi_path="nvidia-smi", driver_root="/proc/driver/nvidia/gpus"):
+    def __init__(self, runner=None, smi_path="nvidia-smi", driver_root="/proc/driver/nvidia/gpus", deadline=None):
         if not smi_path:
             raise BackendUnavailableError(
                 "nvidia-smi was not found on PATH: install the NVIDIA driver utilities (nvidia-utils-<ver>) "
@@ -555,6 +765,7 @@ class SmiBackend:
         self._run = runner or subprocess_runner
         self._smi = smi_path
         self._driver_root = driver_root
+        self._deadline = deadline or Deadline(None)
         self._dropped = set()
         self._inventory = None
         self._system = None
@@ -575,16 +786,20 @@ class SmiBackend:
 
     def _call(self, args):
         argv = [self._smi] + list(args)
-        rc, out, err = self._run(argv)
+        shown = "nvidia-smi " + " ".join(args)
+        limit = self._deadline.call_timeout()
+        try:
+            rc, out, err = self._run(argv, limit)
+        except CallTimedOut as exc:
+            raise GpuTimeoutError(
+                "`%s` did not answer within %.1f s; stopped waiting for it (sent SIGKILL, not waited for: a "
+                "process in D state cannot die until the driver returns). %s" % (shown, exc.seconds, HANG_HINT),
+                stdout=exc.out or None, stderr=exc.err or None)
         out = out or ""
         err = err or ""
-        both = out + "\n" + err
-        lost = _LOST_RE.search(both)
-        if lost:
-            raise GpuLostError(_lost_message(lost.group(1) or "?"), rc=rc, stdout=out, stderr=err)
-        if _DRIVER_RE.search(both):
-            raise DriverNotLoadedError("nvidia-smi could not talk to the NVIDIA driver. %s" % DRIVER_HINT,
-                                       rc=rc, stdout=out, stderr=err)
+        failure = classify_smi_failure(shown, rc, out, err)
+        if failure is not None:
+            raise failure
         if rc == 127 or (rc != 0 and "No such file" in err and not out):
             raise BackendUnavailableError("nvidia-smi could not be run (%s): install the NVIDIA driver utilities."
                                           % (err.strip() or "rc 127"), rc=rc, stdout=out, stderr=err)
@@ -592,20 +807,20 @@ class SmiBackend:
 
     def _query(self, switch, spec):
         """Run a CSV query; drop optional fields this driver rejects (rc 2, 'Field "x" is not a valid field
-        to query'), remembering them for the session. Returns a list of dicts keyed by our names."""
+        to query'), remembering them for the session. Returns a list of dicts keyed by our names, each with
+        ``_raw``: ``{key: raw text}`` for values read as None ([N/A], [Unknown Error], ...)."""
         while True:
             fields = [f for f in spec if f[0] not in self._dropped]
-            rc, out, err = self._call(["--%s=%s" % (switch, ",".join(f[0] for f in fields)),
-                                       "--format=csv,noheader,nounits"])
+            shown = "--%s=%s" % (switch, ",".join(f[0] for f in fields))
+            rc, out, err = self._call([shown, "--format=csv,noheader,nounits"])
             if rc == 0:
                 break
             bad = _INVALID_FIELD_RE.search(out + err)
             if bad and bad.group(1) not in _SMI_REQUIRED and bad.group(1) not in self._dropped:
                 self._dropped.add(bad.group(1))
                 continue
-            if "No devices were found" in out + err:
-                return []
-            raise GpuError("nvidia-smi %s failed (rc %s): %s" % (switch, rc, (err.strip() or out.strip())[:500]),
+            raise GpuError("%s\nnvidia-smi %s failed (rc %s). What to do: run `nvidia-smi` on the host and read "
+                           "its error." % (first_lines(err + "\n" + out) or "(no output)", switch, rc),
                            rc=rc, stdout=out, stderr=err)
         rows = []
         for line in out.splitlines():
@@ -616,8 +831,12 @@ class SmiBackend:
                 raise GpuError("nvidia-smi printed a line that does not match the query (%d fields expected): %r"
                                % (len(fields), line), rc=rc, stdout=out, stderr=err)
             row = {key: None for _, key, _ in spec}
+            raw_na = {}
             for (_, key, conv), raw in zip(fields, parts):
                 row[key] = conv(raw)
+                if row[key] is None:
+                    raw_na[key] = raw
+            row["_raw"] = raw_na
             rows.append(row)
         return rows
 
@@ -637,31 +856,98 @@ class SmiBackend:
 
     def inventory(self):
         """Identity of every GPU from ``--query-gpu=index,uuid,pci.bus_id,name``; ``minor_number`` from
-        /proc/driver/nvidia/gpus/<bus id>/information (None where that file is missing). Cached."""
+        /proc/driver/nvidia/gpus/<bus id>/information (None where that file is missing). Cached.
+        Raises :class:`NoDevicesError` when nvidia-smi lists none."""
         if self._inventory is None:
             rows = self._query("query-gpu", (("index", "index", _int), ("uuid", "uuid", _text),
                                              ("pci.bus_id", "pci_bus_id", _text), ("name", "name", _text)))
             for r in rows:
+                r.pop("_raw", None)
                 r["minor_number"] = _sysfs_minor(r["pci_bus_id"], self._driver_root)
+            if not rows:
+                require_gpu_count([], None, "nvidia-smi")
             self._inventory = sorted(rows, key=lambda r: r["index"])
         return self._inventory
 
     def memory(self, indices=None):
-        """``--query-gpu=index,uuid,memory.used,memory.total,memory.reserved`` (MiB): one nvidia-smi run."""
+        """``--query-gpu=index,uuid,memory.used,memory.total,memory.reserved`` (MiB): one nvidia-smi run.
+        Raises :class:`FieldUnavailableError` naming GPU, field and raw text when memory.used or
+        memory.total is not a number ([N/A], [Unknown Error], ...)."""
         rows = self._query("query-gpu", SMI_MEMORY_QUERY)
-        return [r for r in sorted(rows, key=lambda r: r["index"]) if indices is None or r["index"] in indices]
+        out = []
+        for r in sorted(rows, key=lambda r: r["index"] if r["index"] is not None else -1):
+            if indices is not None and r["index"] not in indices:
+                continue
+            raw = r.pop("_raw")
+            for key, field in REQUIRED_MEMORY_FIELDS:
+                if r[key] is None:
+                    err = FieldUnavailableError(
+                        "GPU %s (%s): nvidia-smi %s reads %r. The wait needs it to tell whether memory is free. %s"
+                        % (r["index"], r["uuid"], field, raw.get(key, ""), FIELD_HINT))
+                    err.gpu, err.field, err.raw = r["index"], field, raw.get(key, "")
+                    raise err
+            out.append(r)
+        return out
 
     def details(self, indices=None):
         """Every :data:`GPU_FIELDS` key from one ``--query-gpu`` run; the field behind each key is in
-        :data:`SMI_GPU_QUERY` ("[N/A]", "[Not Supported]" and fields this driver rejects -> None)."""
+        :data:`SMI_GPU_QUERY` ("[N/A]", "[Not Supported]" -> None with the raw text in ``unsupported``;
+        fields this driver rejects -> None, "field not known to this nvidia-smi")."""
         minors = {g["index"]: g["minor_number"] for g in self.inventory()}
         out = []
         for r in sorted(self._query("query-gpu", SMI_GPU_QUERY), key=lambda r: r["index"]):
             if indices is not None and r["index"] not in indices:
                 continue
+            raw = r.pop("_raw")
             r.pop("driver_version", None)
+            raw.pop("driver_version", None)
             r["minor_number"] = minors.get(r["index"])
+            r["clocks_event_reasons"] = clock_event_reason_names(r["clocks_event_reasons_mask"])
+            for field, key, _ in SMI_GPU_QUERY:
+                if field in self._dropped:
+                    raw[key] = "field %s not known to this nvidia-smi" % field
+            r["unsupported"] = raw
             out.append({k: r.get(k) for k in GPU_FIELDS})
+        return out
+
+    def nvlinks(self, indices=None):
+        """``{index: [link]}`` as :meth:`NvmlBackend.nvlinks`, from ``nvidia-smi nvlink -s`` ("Link 0: 26.562
+        GB/s" or "Link 1: <inactive>") and ``nvidia-smi nvlink -e`` ("Link 0: Replay Errors: 0"). Both print
+        nothing (rc 0) on a GPU without NVLink peers (recordings/h200x1-health-driver580/nvlink.txt): ``[]``.
+        Raises GpuError when nvidia-smi has no ``nvlink`` command (the caller reports the links as unknown)."""
+        by_uuid = {g["uuid"]: g["index"] for g in self.inventory()}
+        out = {g["index"]: [] for g in self.inventory() if indices is None or g["index"] in indices}
+        links = {}
+        for flag in ("-s", "-e"):
+            rc, text, err = self._call(["nvlink", flag])
+            if rc != 0:
+                raise GpuError("%s\nnvidia-smi nvlink %s failed (rc %s)" % (first_lines(err + "\n" + text) or
+                                                                           "(no output)", flag, rc),
+                               rc=rc, stdout=text, stderr=err)
+            gpu = None
+            for line in text.splitlines():
+                m = _NVLINK_GPU_RE.match(line)
+                if m:
+                    gpu = by_uuid.get(m.group(2).strip(), int(m.group(1)))
+                    continue
+                if gpu is None or gpu not in out:
+                    continue
+                if flag == "-e":
+                    m = _NVLINK_ERR_RE.match(line)
+                    if m:
+                        row = links.setdefault((gpu, int(m.group(1))), {"link": int(m.group(1)), "state": None})
+                        name = m.group(2).strip().lower()
+                        key = _NVLINK_ERR_NAMES.get(name, re.sub(r"\W+", "_", name).strip("_") + "_errors")
+                        row[key] = _int(m.group(3))
+                    continue
+                m = _NVLINK_STATE_RE.match(line)
+                if m:
+                    row = links.setdefault((gpu, int(m.group(1))), {"link": int(m.group(1))})
+                    row["state"] = "inactive" if "inactive" in m.group(2).lower() else "active"
+        for (gpu, _), row in sorted(links.items()):
+            for _, key in NVLINK_COUNTERS:
+                row.setdefault(key, None)
+            out[gpu].append(row)
         return out
 
     def compute_processes(self, indices=None):
@@ -685,64 +971,100 @@ class SmiBackend:
 # --------------------------------------------------------------------------------------------------------
 # choosing a backend
 
-def open_backend(choice="auto", runner=None, smi_path="nvidia-smi", nvml=None):
+def _strip_prefix(text, prefix="NVML: "):
+    """NVML's reason without its "NVML: " prefix and without its what-to-do (the final message has one)."""
+    text = text[len(prefix):] if text.startswith(prefix) else text
+    return text.split(" What to do:", 1)[0].strip()
+
+
+def open_backend(choice="auto", runner=None, smi_path="nvidia-smi", nvml=None, deadline=None):
     """Open and return ``(backend, fallback_reason)``.
 
     ``choice``: ``nvml`` (fails if nvidia-ml-py is missing: :class:`MissingLibraryError`, or nvmlInit fails),
     ``nvidia-smi``, or ``auto``: NVML when the library imports and nvmlInit succeeds, else nvidia-smi;
-    ``fallback_reason`` then says why NVML was not used (None when it was). ``nvml`` injects a pynvml
-    module (tests). Raises :class:`GpuError` subclasses with what to do.
+    ``fallback_reason`` then says why NVML was not used (None when it was). An nvmlInit that times out is
+    not fallen back from (nvidia-smi would hang on the same driver). ``nvml`` injects a pynvml module
+    (tests). ``deadline`` (:class:`Deadline`) bounds nvmlInit and every nvidia-smi run. Raises
+    :class:`GpuError` subclasses whose message starts with the driver's text.
     """
     if choice not in BACKEND_CHOICES:
         raise GpuError("backend must be one of %s, got %r" % (", ".join(BACKEND_CHOICES), choice))
+    deadline = deadline or Deadline(None)
     lib = nvml if nvml is not None else pynvml
     if choice == "nvml":
         if lib is None:
             raise MissingLibraryError("nvidia-ml-py", PYNVML_IMPORT_ERROR)
-        return NvmlBackend(lib).open(), None
+        return NvmlBackend(lib, deadline).open(), None
     reason = None
     if choice == "auto":
         if lib is None:
             reason = "nvidia-ml-py (pynvml) is not installed for this Python"
         else:
             try:
-                return NvmlBackend(lib).open(), None
+                return NvmlBackend(lib, deadline).open(), None
+            except GpuTimeoutError:
+                raise
             except GpuError as exc:
                 reason = exc.msg
     try:
-        return SmiBackend(runner, smi_path).open(), reason
+        return SmiBackend(runner, smi_path, deadline=deadline).open(), reason
     except GpuError as exc:
         if reason:
-            exc.msg = "No GPU backend works here. NVML: %s nvidia-smi: %s" % (reason, exc.msg)
+            # The driver's text (nvidia-smi's) first; NVML's reason once, without a doubled "NVML:" prefix.
+            exc.msg = "%s\n(NVML was tried first: %s)" % (exc.msg, _strip_prefix(reason))
         raise
 
 
-def run_on_backend(module, work):
-    """For an AnsibleModule: open the backend ``module.params["backend"]`` names, return
-    ``work(backend, fallback_reason)`` and always close the backend again.
+#: Seconds a module's whole GPU session may outlast its ``timeout_s`` before it is abandoned (process scan
+#: after the wait, the final nvidia-smi runs); beyond that an NVML call is blocked in the driver.
+SESSION_GRACE_S = 10.0
 
-    nvidia-smi runs through ``module.run_command`` (argv list, ``LC_ALL=C``, undecodable bytes replaced).
-    Failures end the module with ``fail_json``: a missing nvidia-ml-py with Ansible's standard
-    ``missing_required_lib`` message, a :class:`GpuError` with its what-to-do message, rc, stdout, stderr.
+
+def run_on_backend(module, work, timeout_s=None, expected_count=None, on_fail=None):
+    """For an AnsibleModule: open the backend ``module.params["backend"]`` names, check the GPU count
+    (:func:`require_gpu_count` with ``expected_count``), return ``work(backend, fallback_reason)`` and
+    close the backend again.
+
+    Every nvidia-smi run and nvmlInit gets the time left of ``timeout_s`` (at least MIN_CALL_TIMEOUT_S);
+    the whole session runs in a daemon thread abandoned after ``timeout_s + MIN_CALL_TIMEOUT_S +
+    SESSION_GRACE_S`` (an NVML call blocked in the driver cannot be interrupted). nvidia-smi runs with
+    ``LC_ALL=C`` through :func:`bounded_run`. Failures end the module with ``fail_json``: a missing
+    nvidia-ml-py with Ansible's standard ``missing_required_lib`` message (error_class missing_library),
+    a :class:`GpuError` with its message, ``error_class``, rc, stdout, stderr. ``on_fail(exc)`` may return
+    extra keyword arguments for that fail_json (its ``msg`` is appended to the message).
     """
     from ansible.module_utils.basic import missing_required_lib
 
-    def runner(argv):
-        return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"},
-                                  errors="surrogate_then_replace")
+    deadline = Deadline(timeout_s)
+    smi_path = module.get_bin_path("nvidia-smi")
 
-    backend = None
-    try:
-        backend, reason = open_backend(module.params["backend"], runner=runner,
-                                       smi_path=module.get_bin_path("nvidia-smi"))
-        return work(backend, reason)
-    except MissingLibraryError as exc:
-        module.fail_json(msg=missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR))
-    except GpuError as exc:
-        module.fail_json(**exc.fail_kwargs())
-    finally:
-        if backend is not None:
+    def session():
+        backend, reason = open_backend(module.params["backend"], runner=subprocess_runner, smi_path=smi_path,
+                                       deadline=deadline)
+        try:
+            require_gpu_count(backend.inventory(), expected_count, "NVML" if backend.name == "nvml" else "nvidia-smi")
+            return work(backend, reason)
+        finally:
             backend.close()
+
+    limit = None if timeout_s is None else float(timeout_s) + MIN_CALL_TIMEOUT_S + SESSION_GRACE_S
+    try:
+        if limit is None:
+            return session()
+        return call_in_thread(session, limit, "The GPU session (backend %s)" % module.params["backend"])
+    except MissingLibraryError as exc:
+        module.fail_json(msg=missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR),
+                         error_class="missing_library")
+    except GpuError as exc:
+        kw = exc.fail_kwargs()
+        if on_fail is not None:
+            extra = dict(on_fail(exc) or {})
+            more = extra.pop("msg", None)
+            if more:
+                kw["msg"] = "%s\n%s" % (kw["msg"], more)
+            for key, value in extra.items():
+                kw.setdefault(key, value)
+        module.fail_json(**kw)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -750,13 +1072,14 @@ def run_on_backend(module, work):
 
 def gpu_processes(backend, indices, scan_fds=True, proc_root="/proc", exclude_pids=None):
     """Processes on each GPU in ``indices``, merged from the backend's compute-process list and the
-    ``/proc/*/fd`` scan, plus the holders of shared device files.
+    ``/proc/*/fd`` (and ``/proc/*/task/*/fd``) scan, plus the holders of device files.
 
     Returns ``(per_gpu, device_holders)``: ``per_gpu`` is ``{index: [proc]}`` with proc = ``{"pid",
     "used_memory_mib" (MiB or None), "name", "cmdline" (str), "user", "source": ["nvml"|"nvidia-smi",
-    "proc_fd"]}``; ``device_holders`` is ``[{"pid", "name", "cmdline", "user", "devices": [path],
-    "gpu_indices": [int]}]`` for every process with any /dev/nvidia* open (``gpu_indices`` empty when it
-    holds only nvidiactl / nvidia-uvm). The calling process is left out (it holds the devices itself when
+    "proc_fd"], "kind": "gpu"|"monitor"}``; ``device_holders`` is ``[{"pid", "name", "cmdline", "user",
+    "devices": [path], "gpu_indices": [int], "kind": "gpu"|"shared_only"|"monitor"}]`` for every process
+    with any /dev/nvidia* open, sorted per-GPU holders first, then shared-only, then monitors
+    (:func:`gpufleet_procs.holder_kind`). The calling process is left out (it holds the devices itself when
     NVML is open). The fd scan maps /dev/nvidia<N> to the GPU whose minor number is N (index when unknown).
     """
     if exclude_pids is None:
@@ -812,6 +1135,7 @@ def gpu_processes(backend, indices, scan_fds=True, proc_root="/proc", exclude_pi
             row = {"pid": pid, "used_memory_mib": e["used_memory_mib"]}
             row.update(_describe(pid, e["process_name"]))
             row["source"] = e["source"]
+            row["kind"] = "monitor" if holder_kind([], row["name"], [idx]) == "monitor" else "gpu"
             rows.append(row)
         per_gpu[idx] = rows
     device_holders = []
@@ -820,7 +1144,10 @@ def gpu_processes(backend, indices, scan_fds=True, proc_root="/proc", exclude_pi
         row.update(_describe(pid))
         row["devices"] = holders[pid]
         row["gpu_indices"] = holder_gpus[pid]
+        row["kind"] = holder_kind(holders[pid], row["name"], holder_gpus[pid])
         device_holders.append(row)
+    order = {"gpu": 0, "shared_only": 1, "monitor": 2}
+    device_holders.sort(key=lambda r: (order[r["kind"]], r["pid"]))
     return per_gpu, device_holders
 
 
@@ -837,18 +1164,48 @@ def gpus_ready(memory_rows, max_used_mib, processes=None):
             if (m["memory_used_mib"] is None or m["memory_used_mib"] > max_used_mib) or busy_pids.get(m["index"])]
 
 
+def progress_text(memory_rows, busy, max_used_mib, elapsed_s, timeout_s, processes=None):
+    """One line for the operator: "GPU memory: 3 of 8 GPUs above 1024 MiB (max 30012 MiB on GPU 2),
+    20 s of 120 s" (or "all 8 GPUs at or below 1024 MiB ..."); GPUs under the limit that still run a
+    compute process are counted apart."""
+    total = len(memory_rows)
+    over = [m for m in memory_rows if m["memory_used_mib"] is None or m["memory_used_mib"] > max_used_mib]
+    with_procs = sorted(set(busy) - {m["index"] for m in over})
+    clock = "%d s of %s s" % (int(elapsed_s), ("%g" % timeout_s))
+    if not busy:
+        return "GPU memory: all %d GPUs at or below %d MiB%s, after %.2f s of %g s" % (
+            total, max_used_mib, " with no compute process" if processes is not None else "", elapsed_s, timeout_s)
+    parts = []
+    if over:
+        top = max(over, key=lambda m: m["memory_used_mib"] or 0)
+        parts.append("%d of %d GPUs above %d MiB (max %s MiB on GPU %d)" % (
+            len(over), total, max_used_mib, top["memory_used_mib"], top["index"]))
+    if with_procs:
+        parts.append("%d GPU%s under the limit still running a compute process (GPU %s)" % (
+            len(with_procs), "" if len(with_procs) == 1 else "s", ", ".join(str(i) for i in with_procs)))
+    return "GPU memory: %s, %s" % ("; ".join(parts), clock)
+
+
 def wait_for_memory(backend, indices, max_used_mib, require_no_processes=False, poll_interval_ms=50,
-                    timeout_s=120.0, clock=time.monotonic, sleep=time.sleep):
+                    timeout_s=120.0, clock=time.monotonic, sleep=time.sleep, slice_s=None, elapsed_before_s=0.0):
     """Poll ``backend`` until every GPU in ``indices`` has memory_used_mib <= max_used_mib (and, with
     ``require_no_processes``, no compute process), or ``timeout_s`` passes.
 
+    ``elapsed_before_s``: seconds of this wait already spent by earlier calls (the role waits in slices);
+    the whole wait ends at ``timeout_s`` counted from there. ``slice_s``: return after at most this many
+    seconds of this call even if the whole wait has time left (``"slice_ended": True``).
+
     One backend session serves all polls. Polls are spaced ``poll_interval_ms`` apart from their start, so
     a slow nvidia-smi call does not stretch the period. The compute-process list is read only once memory
-    is below the limit (it costs a second nvidia-smi call). Returns ``{"ready": bool, "elapsed_ms": int,
-    "polls": int, "memory": [memory row], "processes": [compute process] | None, "busy": [index]}``.
+    is below the limit (it costs a second nvidia-smi call). A field the wait needs that reads [N/A] raises
+    :class:`FieldUnavailableError` at the first poll. Returns ``{"ready": bool, "elapsed_ms": int (whole
+    wait), "polls": int (this call), "memory": [memory row], "processes": [compute process] | None,
+    "busy": [index], "slice_ended": bool, "progress": str}``.
     """
     start = clock()
-    deadline = start + float(timeout_s)
+    left = max(0.0, float(timeout_s) - float(elapsed_before_s))
+    total_deadline = start + left
+    deadline = total_deadline if slice_s is None else min(total_deadline, start + max(0.0, float(slice_s)))
     period = max(poll_interval_ms, 1) / 1000.0
     next_poll = start
     polls = 0
@@ -862,8 +1219,11 @@ def wait_for_memory(backend, indices, max_used_mib, require_no_processes=False, 
             busy = gpus_ready(mem, max_used_mib, procs)
         now = clock()
         if not busy or now >= deadline - 1e-6:  # tolerance: float sums of the period must not add a poll
-            return {"ready": not busy, "elapsed_ms": int(round((now - start) * 1000)), "polls": polls,
-                    "memory": mem, "processes": procs, "busy": busy}
+            elapsed_s = elapsed_before_s + (now - start)
+            return {"ready": not busy, "elapsed_ms": int(round(elapsed_s * 1000)), "polls": polls,
+                    "memory": mem, "processes": procs, "busy": busy,
+                    "slice_ended": bool(busy) and now < total_deadline - 1e-6,
+                    "progress": progress_text(mem, busy, max_used_mib, elapsed_s, timeout_s, procs)}
         # Fixed cadence from each poll's start; a poll slower than the period is followed at once.
         next_poll = max(next_poll + period, now)
         sleep(max(0.0, min(next_poll, deadline) - now))

@@ -82,10 +82,32 @@ def _pid_dirs(proc_root):
     return sorted(int(e) for e in entries if e.isdigit())
 
 
+def _read_fd_links(fd_dir, glob, names=None):
+    """Targets matching ``glob`` among the fds ``names`` (all when None) of one fd directory."""
+    found = set()
+    if names is None:
+        try:
+            names = os.listdir(fd_dir)
+        except OSError:
+            return found
+    for fd in names:
+        try:
+            target = os.readlink(os.path.join(fd_dir, fd))
+        except OSError:  # fd closed or process gone between listdir and readlink
+            continue
+        if fnmatch.fnmatchcase(target, glob):
+            found.add(clean_text(target))
+    return found
+
+
 def find_device_holders(glob=DEFAULT_DEVICE_GLOB, proc_root="/proc", exclude_pids=()):
     """Map each pid that has a file descriptor open on a path matching ``glob`` to those paths.
 
-    Returns ``{pid: [path, ...]}`` (paths sorted, each once). Source: ``readlink /proc/<pid>/fd/<n>``.
+    Returns ``{pid: [path, ...]}`` (paths sorted, each once). Source: ``readlink /proc/<pid>/fd/<n>`` and
+    ``/proc/<pid>/task/<tid>/fd/<n>`` for every thread: a process whose main thread exited while another
+    thread lives shows as ``<defunct>`` with an empty ``/proc/<pid>/fd``, yet that thread still holds the
+    GPU (FIELD-NOTES 2026-11-30). Threads normally share one fd table, so a thread's links are read only
+    when its fd list differs from the main thread's (cheap: one listdir per thread).
     ``glob`` is an fnmatch pattern on the link target (``/dev/nvidia*`` matches nvidia0, nvidiactl,
     nvidia-uvm). Processes that exit mid-scan and fd directories we may not read (another user's
     processes without CAP_SYS_PTRACE, hidepid) are skipped silently: the result is best effort and covers
@@ -96,22 +118,50 @@ def find_device_holders(glob=DEFAULT_DEVICE_GLOB, proc_root="/proc", exclude_pid
     for pid in _pid_dirs(proc_root):
         if pid in excluded:
             continue
-        fd_dir = os.path.join(proc_root, str(pid), "fd")
+        base = os.path.join(proc_root, str(pid))
         try:
-            fds = os.listdir(fd_dir)
-        except OSError:  # vanished (ENOENT/ESRCH) or not ours to read (EACCES)
+            main_fds = set(os.listdir(os.path.join(base, "fd")))
+            main_ok = True
+        except OSError:  # vanished (ENOENT/ESRCH), not ours (EACCES), or a zombie leader
+            main_fds, main_ok = set(), False
+        found = _read_fd_links(os.path.join(base, "fd"), glob, main_fds) if main_fds else set()
+        try:
+            tids = [t for t in os.listdir(os.path.join(base, "task")) if t.isdigit() and t != str(pid)]
+        except OSError:
+            tids = []
+        if not main_ok and not tids:
             continue
-        found = set()
-        for fd in fds:
+        for tid in tids:
+            fd_dir = os.path.join(base, "task", tid, "fd")
             try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:  # fd closed or process gone between listdir and readlink
+                names = set(os.listdir(fd_dir))
+            except OSError:
                 continue
-            if fnmatch.fnmatchcase(target, glob):
-                found.add(clean_text(target))
+            if names and names != main_fds:
+                found |= _read_fd_links(fd_dir, glob, names)
         if found:
             holders[pid] = sorted(found)
     return holders
+
+
+#: Process names (``/proc/<pid>/comm``, 15 characters) of programs that hold /dev/nvidia* only to watch
+#: the GPUs: they never own GPU memory and must not be stopped.
+KNOWN_MONITORS = frozenset((
+    "nvidia-smi", "nvidia-persiste", "nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi",
+    "nvtop", "nvitop", "gpustat", "nvidia_gpu_expo", "nvidia-gpu-expo", "node_exporter", "prometheus-node",
+    "telegraf", "datadog-agent", "collectd",
+))
+
+
+def holder_kind(paths, name, gpu_indices):
+    """Classify a device holder: ``monitor`` (a known watcher by process name), ``gpu`` (holds a
+    per-GPU node /dev/nvidia<N>) or ``shared_only`` (only nvidiactl / nvidia-uvm / nvidia-caps: a CUDA
+    or NVML client that has not opened a GPU, or one in a container whose nodes are named otherwise)."""
+    if name and (name in KNOWN_MONITORS or name[:15] in KNOWN_MONITORS):
+        return "monitor"
+    if gpu_indices or any(gpu_minor_of_path(p) is not None for p in paths):
+        return "gpu"
+    return "shared_only"
 
 
 def process_info(pid):

@@ -17,6 +17,7 @@ import types
 # RECORDED-WITH.sh on an H200 x2, driver 580.159.04), so the tests run from a clean clone.
 RECORDINGS = os.environ.get("GPUFLEET_RECORDINGS") or os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "recordings", "h200x2-driver580")
+HEALTH_RECORDINGS = os.path.join(os.path.dirname(RECORDINGS), "h200x1-health-driver580")
 MIB = 1 << 20
 
 # Codes as in nvidia-ml-py 13.615 (pynvml.py).
@@ -68,6 +69,35 @@ def parse_query_gpu(name="loaded-query-gpu-noheader-nounits.csv"):
     return rows
 
 
+def parse_health_query_gpu():
+    """The recorded single-H200 health row (health-query-gpu.csv, ``--format=csv`` with units) as
+    ``{field: value without unit}``, keyed by the field names of its RECORDED-WITH.sh."""
+    with open(os.path.join(HEALTH_RECORDINGS, "RECORDED-WITH.sh"), encoding="utf-8") as fh:
+        fields = re.search(r"^F=(\S+)$", fh.read(), re.M).group(1).split(",")
+    with open(os.path.join(HEALTH_RECORDINGS, "health-query-gpu.csv"), encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    values = [v.strip() for v in lines[1].split(",")]
+    return {f: re.sub(r" (W|MHz|MiB|%)$", "", v) for f, v in zip(fields, values)}
+
+
+def parse_nvml_health():
+    """``{name: value}`` of nvml-health.txt (``name = value`` lines; ``!`` errors as ("ERR", text))."""
+    out = {}
+    with open(os.path.join(HEALTH_RECORDINGS, "nvml-health.txt"), encoding="utf-8") as fh:
+        for line in fh:
+            m = re.match(r"^(\w+) (=|!) (.*)$", line.rstrip("\n"))
+            if not m:
+                continue
+            if m.group(2) == "!":
+                out[m.group(1)] = ("ERR", m.group(3))
+                continue
+            try:
+                out[m.group(1)] = ast.literal_eval(m.group(3))
+            except (ValueError, SyntaxError):
+                out[m.group(1)] = m.group(3)  # text such as the VBIOS version
+    return out
+
+
 class _Struct(types.SimpleNamespace):
     pass
 
@@ -107,12 +137,19 @@ def make_fake_nvml(state="loaded"):
         setattr(mod, cls_name, sub)
     mod.NVML_TEMPERATURE_GPU = 0
     mod.NVML_VOLATILE_ECC = 0
+    mod.NVML_AGGREGATE_ECC = 1
+    mod.NVML_CLOCK_SM = 1
+    mod.NVML_FI_DEV_MEMORY_TEMP = 82
+    mod.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+    mod.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
     mod.NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
     mod.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     mod.nvmlMemory_v2 = 0x02000028
 
     fake = _Struct(initialized=0, init_error=None, lost=set(), unsupported=set(), no_v2=False,
-                   init_calls=0, memory_calls=0, gpus=[], header=header)
+                   init_calls=0, memory_calls=0, gpus=[], header=header, count_override=None,
+                   handle_error=None, init_delay_s=0.0, memory_error=None)
+    health = parse_nvml_health()
     mod.fake = fake
     for i, r in enumerate(rec):
         row = csv[i]
@@ -133,6 +170,15 @@ def make_fake_nvml(state="loaded"):
             "persistence": 1 if row["persistence_mode"] == "Enabled" else 0,
             "ecc_unc": r["nvmlDeviceGetTotalEccErrors"], "ecc_corr": 0,
             "remapped": tuple(r["nvmlDeviceGetRemappedRows"]), "util": int(row["utilization.gpu"]),
+            # health: the loaded 2-GPU recording where it has the fact, else the 1-GPU health recording
+            "serial": str(int(health["serial"]) + i), "vbios": health["vbios"],
+            "pstate": int(row["pstate"][1:]), "clock_sm": int(row["clocks.sm"]),
+            "clock_max_sm": int(parse_health_query_gpu()["clocks.max.sm"]),
+            "reasons": r["nvmlDeviceGetCurrentClocksEventReasons"], "mem_temp": health["mem_temp_field"],
+            "pcie_gen": r["nvmlDeviceGetCurrPcieLinkGeneration"], "pcie_gen_max": health["pcie_gen_max"],
+            "pcie_width": r["nvmlDeviceGetCurrPcieLinkWidth"], "pcie_width_max": health["pcie_width_max"],
+            "mig": list(health["mig_mode"]), "ecc_mode": [1, 1], "ecc_corr_agg": 0,
+            "ecc_unc_agg": health["ecc_unc_agg"], "nvlinks": None,
         })
 
     def _check(handle=None, field=None):
@@ -145,6 +191,9 @@ def make_fake_nvml(state="loaded"):
 
     def nvmlInit():
         fake.init_calls += 1
+        if fake.init_delay_s:
+            import time
+            time.sleep(fake.init_delay_s)
         if fake.init_error is not None:
             raise NVMLError(CODES[fake.init_error])
         fake.initialized += 1
@@ -163,10 +212,12 @@ def make_fake_nvml(state="loaded"):
 
     def nvmlDeviceGetCount():
         _check()
-        return len(fake.gpus)
+        return len(fake.gpus) if fake.count_override is None else fake.count_override
 
     def nvmlDeviceGetHandleByIndex(i):
         _check()
+        if fake.handle_error and fake.handle_error[0] == i:
+            raise NVMLError(CODES[fake.handle_error[1]])
         if not 0 <= i < len(fake.gpus):
             raise NVMLError(CODES["INVALID_ARGUMENT"])
         return i
@@ -182,7 +233,7 @@ def make_fake_nvml(state="loaded"):
 
     def nvmlDeviceGetMemoryInfo(h, version=None):
         fake.memory_calls += 1
-        d = g(h)
+        d = g(h, "memory")
         if version is None:
             used = d["used"] + d["reserved"]
             return _Struct(total=d["total"], used=used, free=d["total"] - used)
@@ -203,8 +254,52 @@ def make_fake_nvml(state="loaded"):
     mod.nvmlDeviceGetPowerManagementLimit = lambda h: g(h, "limit")["limit_mw"]
     mod.nvmlDeviceGetPersistenceMode = lambda h: g(h, "persistence")["persistence"]
     mod.nvmlDeviceGetComputeMode = lambda h: g(h, "compute_mode")["compute_mode"]
-    mod.nvmlDeviceGetTotalEccErrors = lambda h, etype, ctype: (
-        g(h, "ecc")["ecc_corr"] if etype == 0 else g(h, "ecc")["ecc_unc"])
+    def nvmlDeviceGetTotalEccErrors(h, etype, ctype):
+        d = g(h, "ecc")
+        if ctype == mod.NVML_AGGREGATE_ECC:
+            return d["ecc_corr_agg"] if etype == 0 else d["ecc_unc_agg"]
+        return d["ecc_corr"] if etype == 0 else d["ecc_unc"]
+
+    mod.nvmlDeviceGetTotalEccErrors = nvmlDeviceGetTotalEccErrors
+    mod.nvmlDeviceGetSerial = lambda h: g(h, "serial")["serial"]
+    mod.nvmlDeviceGetVbiosVersion = lambda h: g(h, "vbios")["vbios"]
+    mod.nvmlDeviceGetPerformanceState = lambda h: g(h, "pstate")["pstate"]
+    mod.nvmlDeviceGetClockInfo = lambda h, clock: g(h, "clocks")["clock_sm"]
+    mod.nvmlDeviceGetMaxClockInfo = lambda h, clock: g(h, "clocks")["clock_max_sm"]
+    mod.nvmlDeviceGetCurrentClocksEventReasons = lambda h: g(h, "reasons")["reasons"]
+    mod.nvmlDeviceGetCurrPcieLinkGeneration = lambda h: g(h, "pcie")["pcie_gen"]
+    mod.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: g(h, "pcie")["pcie_gen_max"]
+    mod.nvmlDeviceGetCurrPcieLinkWidth = lambda h: g(h, "pcie")["pcie_width"]
+    mod.nvmlDeviceGetMaxPcieLinkWidth = lambda h: g(h, "pcie")["pcie_width_max"]
+    mod.nvmlDeviceGetMigMode = lambda h: list(g(h, "mig")["mig"])
+    mod.nvmlDeviceGetEccMode = lambda h: list(g(h, "ecc_mode")["ecc_mode"])
+
+    def nvmlDeviceGetFieldValues(h, ids):
+        d = g(h, "field_values")
+        return [_Struct(fieldId=i, nvmlReturn=0 if i == 82 else CODES["NOT_SUPPORTED"],
+                        value=_Struct(uiVal=d["mem_temp"] if i == 82 else 0)) for i in ids]
+
+    mod.nvmlDeviceGetFieldValues = nvmlDeviceGetFieldValues
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(h):
+        _check(h)
+        raise NVMLError(CODES["NOT_SUPPORTED"])  # H200: nvidia-smi retired_pages.pending [N/A]
+
+    mod.nvmlDeviceGetRetiredPagesPendingStatus = nvmlDeviceGetRetiredPagesPendingStatus
+
+    def nvmlDeviceGetNvLinkState(h, link):
+        links = g(h)["nvlinks"]
+        if links is None:  # recorded single-GPU H200: NotSupported on link 0
+            raise NVMLError(CODES["NOT_SUPPORTED"])
+        if link >= len(links):
+            raise NVMLError(CODES["INVALID_ARGUMENT"])
+        return links[link][0]
+
+    def nvmlDeviceGetNvLinkErrorCounter(h, link, counter):
+        return g(h)["nvlinks"][link][1][counter]
+
+    mod.nvmlDeviceGetNvLinkState = nvmlDeviceGetNvLinkState
+    mod.nvmlDeviceGetNvLinkErrorCounter = nvmlDeviceGetNvLinkErrorCounter
     mod.nvmlDeviceGetRemappedRows = lambda h: g(h, "remapped")["remapped"]
 
     def nvmlDeviceGetRetiredPages(h, cause):
@@ -252,20 +347,35 @@ class RecordedSmi:
         self.apps_extra = list(apps_extra)
         self.calls = []
         self._apps_fields = ["pid", "process_name", "used_memory", "gpu_uuid", "gpu_bus_id"]
+        self.timeouts = []
+        self.overrides = {}  # field -> raw value printed for every GPU (e.g. {"memory.used": "[N/A]"})
+        self.nvlink = {"-s": "", "-e": ""}  # recorded single-GPU H200: both print nothing, rc 0
 
     def _rows(self):
         if self.states:
             self.state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
-        return parse_query_gpu("%s-query-gpu-noheader-nounits.csv" % self.state)
+        rows = parse_query_gpu("%s-query-gpu-noheader-nounits.csv" % self.state)
+        health = parse_health_query_gpu()
+        for i, row in enumerate(rows):
+            for field, value in health.items():
+                row.setdefault(field, value)
+            row["serial"] = str(int(health["serial"]) + i)
+            row.setdefault("retired_pages.single_bit_ecc.count", "[N/A]")
+            row.setdefault("retired_pages.double_bit.count", "[N/A]")
+            row.update(self.overrides)
+        return rows
 
-    def __call__(self, argv):
+    def __call__(self, argv, timeout_s=None):
         self.calls.append(list(argv))
+        self.timeouts.append(timeout_s)
         if self.fail is not None:
             rc, out = self.fail
             return rc, out, ""
         args = argv[1:]
         if not args:
             return 0, recording("%s-table.txt" % self.state), ""
+        if args[0] == "nvlink":
+            return 0, self.nvlink[args[1]], ""
         switch, _, fields = args[0].partition("=")
         fields = fields.split(",")
         for f in fields:

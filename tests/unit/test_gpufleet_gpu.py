@@ -85,7 +85,7 @@ def test_smi_na_and_not_supported_values_become_null():
     row = recording("idle-query-gpu-noheader-nounits.csv").splitlines()[0]
     assert "[N/A]" in row  # the recording itself carries [N/A] (retired_pages.pending, fan.speed)
 
-    def runner(argv):
+    def runner(argv, timeout_s=None):
         fields = argv[1].split("=", 1)[1].split(",")
         if fields[0] == "index" and len(fields) > 4:
             values = {"index": "0", "uuid": "GPU-1", "pci.bus_id": "00000000:00:06.0", "name": "NVIDIA H200",
@@ -102,6 +102,8 @@ def test_smi_na_and_not_supported_values_become_null():
     assert gpu["ecc_errors_corrected_volatile_total"] is None
     assert gpu["remapped_rows_pending"] is None
     assert gpu["persistence_mode"] == "Enabled"
+    assert gpu["unsupported"]["memory_reserved_mib"] == "[N/A]"
+    assert gpu["unsupported"]["power_draw_w"] == "[Not Supported]"
 
 
 def test_nvml_not_supported_field_is_null_not_a_crash():
@@ -175,10 +177,13 @@ def test_smi_rejecting_a_required_field_fails_with_rc_and_output():
     assert err.value.rc == 2 and "memory.used" in err.value.stdout
 
 
-def test_smi_no_devices_is_an_empty_inventory():
+def test_smi_no_devices_rc6_fails_at_once_with_the_driver_text_first():
     out = recording("error-bad-index.txt").split("rc=")[0]
-    backend = G.SmiBackend(lambda argv: (6, out, ""), "nvidia-smi")
-    assert backend.inventory() == []
+    backend = G.SmiBackend(lambda argv, timeout_s=None: (6, out, ""), "nvidia-smi")
+    with pytest.raises(G.NoDevicesError) as err:
+        backend.inventory()
+    assert err.value.msg.startswith("No devices were found\n")
+    assert err.value.fail_kwargs()["error_class"] == "no_devices" and err.value.rc == 6
 
 
 def test_smi_process_name_with_commas_and_invalid_utf8_is_kept_whole():
@@ -232,7 +237,10 @@ def test_auto_reports_both_reasons_when_no_backend_works():
     fake.fake.init_error = "DRIVER_NOT_LOADED"
     with pytest.raises(G.DriverNotLoadedError) as err:
         G.open_backend("auto", runner=RecordedSmi(fail=(9, DRIVER_NOT_LOADED_TEXT)), nvml=fake)
-    assert err.value.msg.startswith("No GPU backend works here. NVML:") and "nvidia-smi could not talk" in err.value.msg
+    msg = err.value.msg
+    assert msg.startswith("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+    assert "NVML: NVML" not in msg and msg.count("NVML was tried first: Driver Not Loaded") == 1
+    assert msg.count("What to do:") == 1 and err.value.error_class == "driver_not_loaded"
 
 
 def test_nvml_session_is_closed_once():

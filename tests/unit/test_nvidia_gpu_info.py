@@ -133,8 +133,9 @@ def test_info_fails_when_no_backend_exists(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setattr(MODULE.AnsibleModule, "get_bin_path", lambda self, name, *a, **k: None)
     done = run_main(monkeypatch, MODULE, {})
-    assert done.failed and "No GPU backend works here" in done.result["msg"]
-    assert "nvidia-smi was not found" in done.result["msg"]
+    msg = done.result["msg"]
+    assert done.failed and done.result["error_class"] == "backend_unavailable"
+    assert msg.startswith("nvidia-smi was not found") and "NVML was tried first: nvidia-ml-py" in msg
 
 
 def test_info_device_holders_match_their_documentation(monkeypatch, nvml):
