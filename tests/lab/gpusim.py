@@ -13,7 +13,13 @@ Model (facts from ../../shared/recordings/h200x2-driver580/, an H200 with driver
 
 ``nvidia-smi`` output forms follow the recordings byte for byte (values aside): ``--query-gpu``,
 ``--query-compute-apps`` with ``--format=csv[,noheader][,nounits]``, ``-i``, ``-L``, the default table,
-the error texts and exit codes (bad field: rc 2; bad index: rc 6).
+the error texts and exit codes (bad field: rc 2; bad index: rc 6). Health fields follow
+recordings/h200x1-health-driver580 (an idle H200: ``[N/A]`` retired pages, ``0x...01`` idle clock reason).
+
+GPU and driver faults come from ``<host dir>/faults.json`` (``lab.py fault``), read on every call; see
+:data:`SMI_FAULT_KNOBS` and tests/lab/README.md. The simulated kernel log for Xid lines is
+``<host dir>/kmsg`` in /dev/kmsg record format (:func:`sync_kmsg`); lab hosts share the real machine's
+kernel, so modules are pointed at this file (``kmsg_path``) instead of /dev/kmsg.
 """
 import json
 import os
@@ -40,6 +46,30 @@ _DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 NA = "[N/A]"
 NOT_SUPPORTED = "[Not Supported]"
+NVLINKS_PER_GPU = 18  # H200 SXM: 18 NVLink 4 links to the NVSwitches of an HGX board
+NVLINK_SPEED = "26.562 GB/s"
+
+# Texts real drivers print (nvidia-smi writes them to stdout), by exit code. FIELD-NOTES "Seen 2026-11-30";
+# rc 15 as fake_pynvml.GPU_LOST_TEXT; rc 18 as driver 5xx prints it (the NVML library version line after).
+SMI_FAULT_TEXTS = {
+    6: "No devices were found\n",
+    9: ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running.\n\n"),
+    15: "Unable to determine the device handle for GPU%s: GPU is lost.  Reboot the system to recover this GPU\n",
+    18: "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: %s\n" % DRIVER_VERSION[:7],
+    255: "Unable to determine the device handle for GPU %s: Unknown Error\n",
+}
+#: Faults the simulated nvidia-smi honours (the rest of lab.FAULT_KNOBS concern gpusimd and the stand-in).
+SMI_FAULT_KNOBS = ("smi_rc", "smi_hang_s", "smi_field_values", "ecc_errors", "remap_pending", "throttle",
+                   "mig_on", "nvlink_down", "gpus_visible", "xid")
+FAULT_GPU = 1  # the GPU that smi_rc 15/255, ecc_errors, remap_pending, throttle, nvlink_down and xid hit
+CLOCK_REASON_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4,
+                     "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal_slowdown": 0x20,
+                     "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
+XID_TEXTS = {79: "GPU has fallen off the bus.", 48: "An uncorrectable double bit error (DBE) has been detected on GPU "
+             "in the framebuffer at partition 0, subpartition 0.", 94: "Contained: SM (0x1). RST: No, D-RST: No",
+             95: "Uncontained: FBHUB. RST: Yes, D-RST: No", 63: "Row Remapper: New row marked for remapping, "
+             "reset gpu to activate.", 13: "Graphics Exception: ESR 0x405848=0x0"}
 
 
 class SmiError(Exception):
@@ -280,9 +310,34 @@ def _gpu_value(name, g, host_dir, now):
         "mig.mode.current": "Disabled", "mig.mode.pending": "Disabled",
         "gsp.mode.current": "Enabled", "gsp.mode.default": "Enabled",
         "c2c.mode": "Disabled",
+        # recordings/h200x1-health-driver580: no NVSwitch fabric seen from one GPU -> "N/A" without brackets
+        "fabric.state": "N/A", "fabric.status": "N/A",
         "hostname": socket.gethostname(),
     }
+    faults = g.get("faults") or {}
+    hit = g["index"] == FAULT_GPU
+    if faults.get("mig_on"):
+        fixed["mig.mode.current"] = fixed["mig.mode.pending"] = "Enabled"
+    if hit and faults.get("remap_pending"):
+        fixed["remapped_rows.pending"] = "Yes"
+        fixed["remapped_rows.uncorrectable"] = "1"
+    reasons = faults.get("throttle") if hit else None
+    if reasons:
+        names = [reasons] if isinstance(reasons, str) else list(reasons)
+        mask = int(fixed["clocks_event_reasons.active"], 16) & ~0x1  # a throttled GPU is not idle
+        for reason in names:
+            mask |= CLOCK_REASON_BITS.get(reason, 0)
+        fixed["clocks_event_reasons.active"] = "0x%016X" % mask
+        fixed["clocks_event_reasons.gpu_idle"] = "Not Active"
+        for reason in names:
+            fixed["clocks_event_reasons." + reason] = "Active"
+    overrides = faults.get("smi_field_values") or {}
+    if name in overrides:
+        return overrides[name], None
     if name.startswith("ecc.errors."):
+        ecc = faults.get("ecc_errors") if hit else None
+        if ecc and name.endswith(".total") and (".volatile." in name or ".aggregate." in name):
+            return str(int(ecc)), None
         return "0", None
     if name.startswith("clocks_event_reasons.") and name not in fixed:
         return "Not Active", None
@@ -343,15 +398,69 @@ def _select(gpus, ids):
     return chosen
 
 
-def query_gpu(gpus, fields_spec, format_spec, host_dir, now):
+def query_gpu(gpus, fields_spec, format_spec, host_dir, now, bad_gpu=None):
+    """``--query-gpu``; ``bad_gpu`` (smi_rc 255) replaces that GPU's row with the device-handle error line."""
     header, units = _parse_format(format_spec)
     fields = _resolve_fields(fields_spec, _help_fields("help-query-gpu.txt"))
     lines = []
     if header:
         lines.append(", ".join(f + (" [%s]" % _unit_for(f) if _unit_for(f) else "") for f in fields))
     for g in gpus:
+        if bad_gpu is not None and g["index"] == bad_gpu:
+            lines.append((SMI_FAULT_TEXTS[255] % g["pci_bus_id"][4:]).rstrip("\n"))
+            continue
         lines.append(", ".join(_fmt(*_gpu_value(f, g, host_dir, now), units) for f in fields))
     return "".join(line + "\n" for line in lines)
+
+
+def nvlink(gpus, flag, faults):
+    """``nvidia-smi nvlink -s`` (per link speed or ``<inactive>``) / ``-e`` (error counters), 18 links per GPU.
+
+    Layout as NVIDIA's documentation shows it (a GPU header, then tab-indented link lines). Not from a
+    recording: the recorded single-GPU H200 has no NVLink peers and prints nothing (rc 0), which
+    ``faults.gpus_visible=1``-style setups do not model; the lab simulates an 8-GPU HGX board.
+    """
+    down = faults.get("nvlink_down")
+    out = []
+    for g in gpus:
+        out.append("GPU %d: %s (UUID: %s)" % (g["index"], GPU_NAME, g["uuid"]))
+        for link in range(NVLINKS_PER_GPU):
+            inactive = down is not None and down is not False and g["index"] == FAULT_GPU and int(down) == link
+            if flag == "-s":
+                out.append("\t Link %d: %s" % (link, "<inactive>" if inactive else NVLINK_SPEED))
+            else:
+                errs = 0 if not inactive else 3
+                out.append("\t Link %d: Replay Errors: 0" % link)
+                out.append("\t Link %d: Recovery Errors: %d" % (link, errs))
+                out.append("\t Link %d: CRC Errors: 0" % link)
+    return "".join(line + "\n" for line in out)
+
+
+def kmsg_path(host_dir):
+    """The simulated kernel log of a lab host (``kmsg_path`` option of nvidia_gpu_info)."""
+    return os.path.join(host_dir, "kmsg")
+
+
+def sync_kmsg(host_dir, faults, now_mono=None):
+    """Write ``<host dir>/kmsg``: a few ordinary NVRM records, plus one Xid record per value of the ``xid``
+    knob (int or list) for GPU FAULT_GPU, stamped now (CLOCK_MONOTONIC, the clock printk uses: lab hosts
+    share the kernel). Format: ``<prio>,<seq>,<usec>,-;<text>`` as /dev/kmsg gives it."""
+    now_mono = time.monotonic() if now_mono is None else now_mono
+    records = [(6, 1.256227, "NVRM: loading NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build"
+                % DRIVER_VERSION)]
+    xids = faults.get("xid")
+    if xids not in (None, False):
+        bus = gpu_identities(os.path.basename(os.path.normpath(host_dir)))[FAULT_GPU]["pci_bus_id"]
+        short = "%s:%s" % (bus[4:8], bus[9:14].lower())  # the driver prints 0000:2a:00
+        for k, code in enumerate([xids] if isinstance(xids, int) else list(xids)):
+            records.append((4, now_mono - 1.0 + k * 0.001, "NVRM: Xid (PCI:%s): %d, pid=%d, name=python3, %s"
+                            % (short, int(code), 4242 + k, XID_TEXTS.get(int(code), "Unknown Xid."))))
+    text = "".join("%d,%d,%d,-;%s\n" % (prio, seq + 100, int(ts * 1e6), msg)
+                   for seq, (prio, ts, msg) in enumerate(records))
+    tmp = kmsg_path(host_dir) + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, kmsg_path(host_dir))
 
 
 def query_apps(gpus, fields_spec, format_spec, now):
@@ -454,12 +563,39 @@ def _usage():
             % DRIVER_VERSION)
 
 
+def _driver_fault(faults, gpus, argv):
+    """(text, rc) of the ``smi_rc`` fault for this call, or None. rc 255 on a --query-gpu call is returned
+    by :func:`run` as rows plus the error line (FIELD-NOTES: seven good rows and the handle error)."""
+    rc = faults.get("smi_rc")
+    if rc in (None, False, 0):
+        return None
+    rc = int(rc)
+    text = SMI_FAULT_TEXTS.get(rc, "Unknown Error\n")
+    bus = gpus[FAULT_GPU]["pci_bus_id"][4:] if len(gpus) > FAULT_GPU else "0000:00:00.0"
+    if rc in (15, 255):
+        text = text % bus
+    return text, rc
+
+
 def run(argv, host_dir, now=None):
     """Run the simulated nvidia-smi; returns (stdout text, rc). Never raises for bad input."""
     now = time.time() if now is None else now
+    faults = read_json(os.path.join(host_dir, "faults.json"), {})
+    hang = faults.get("smi_hang_s")
+    if hang:
+        time.sleep(float(hang))  # a wedged GPU: nvidia-smi does not answer (killable here, unlike D state)
     opts = {}
     i = 0
     try:
+        if argv[:1] == ["nvlink"]:
+            flag = argv[1] if len(argv) > 1 else "-s"
+            if flag not in ("-s", "-e", "--status", "--errorcounters"):
+                raise SmiError("nvlink %s is not simulated by the gpufleet lab (-s, -e).\n" % flag, 2)
+            gpus = _faulted(gpu_snapshot(host_dir, now), faults)
+            fault = _driver_fault(faults, gpus, argv)
+            if fault:
+                return fault
+            return nvlink(gpus, {"--status": "-s", "--errorcounters": "-e"}.get(flag, flag), faults), 0
         while i < len(argv):
             a = argv[i]
             if "=" in a and a.startswith("--"):
@@ -486,11 +622,17 @@ def run(argv, host_dir, now=None):
         if "--help-query-compute-apps" in opts:
             with open(os.path.join(_DATA, "help-query-compute-apps.txt")) as fh:
                 return fh.read(), 0
-        gpus = _select(gpu_snapshot(host_dir, now), opts.get("--id"))
+        all_gpus = _faulted(gpu_snapshot(host_dir, now), faults)
+        fault = _driver_fault(faults, all_gpus, argv)
+        if fault and not (fault[1] == 255 and "--query-gpu" in opts):
+            return fault
+        gpus = _select(all_gpus, opts.get("--id"))
         if "--query-gpu" in opts or "--query-compute-apps" in opts:
             if "--format" not in opts:
                 raise SmiError('"--format" option is required with "--query-*" options.\n\n', 2)
             if "--query-gpu" in opts:
+                if fault:
+                    return query_gpu(gpus, opts["--query-gpu"], opts["--format"], host_dir, now, FAULT_GPU), 255
                 return query_gpu(gpus, opts["--query-gpu"], opts["--format"], host_dir, now), 0
             return query_apps(gpus, opts["--query-compute-apps"], opts["--format"], now), 0
         if "-L" in opts or "--list-gpus" in opts:
@@ -502,6 +644,17 @@ def run(argv, host_dir, now=None):
         return table(gpus, now, host_dir), 0
     except SmiError as exc:
         return exc.text, exc.rc
+
+
+def _faulted(gpus, faults):
+    """The GPU snapshot as the faults show it: ``gpus_visible`` drops GPUs from the end; each GPU carries
+    the faults for :func:`_gpu_value`."""
+    visible = faults.get("gpus_visible")
+    if visible is not None and visible is not False:
+        gpus = gpus[:int(visible)]
+    for g in gpus:
+        g["faults"] = faults
+    return gpus
 
 
 def find_host_dir():

@@ -250,3 +250,111 @@ def test_q_x_has_the_recorded_structure_per_gpu_and_lists_processes(loaded_host,
         assert g.find("processes/process_info/pid").text == str(holder)
         assert g.find("processes/process_info/used_memory").text == "31330 MiB"
     assert out.endswith("\t</gpu>\n\n</nvidia_smi_log>\n") and recorded.endswith("\t</gpu>\n\n</nvidia_smi_log>\n")
+
+
+# ------------------------------------------------------------------------------------------------ health, faults
+
+HEALTH = os.path.join(os.path.dirname(LAB), "data", "recordings", "h200x1-health-driver580")
+
+
+def health_rec(name):
+    with open(os.path.join(HEALTH, name)) as fh:
+        return fh.read()
+
+
+def _health_fields():
+    return re.search(r"^F=(\S+)$", health_rec("RECORDED-WITH.sh"), re.M).group(1)
+
+
+def fault(host_dir, **knobs):
+    gpusim.write_json_atomic(os.path.join(host_dir, "faults.json"), knobs)
+
+
+def test_health_query_matches_the_h200_health_recording_word_for_word_when_idle(idle_host):
+    recorded = health_rec("health-query-gpu.csv").split("rc=")[0]
+    out, rc = sim(idle_host, ["--query-gpu=" + _health_fields(), "--format=csv"])
+    assert rc == 0
+    assert_csv_like(recorded, out)
+    r_cols = recorded.splitlines()[1].split(", ")
+    for line in out.splitlines()[1:]:
+        for f, r, s in zip(_health_fields().split(","), r_cols, line.split(", ")):
+            if kind(r).startswith("word:") or kind(r) in ("na", "hex"):
+                assert s == r, f  # Active / Not Active / [N/A] / N/A / idle reason 0x...01 exactly
+
+
+def test_each_health_field_alone_is_accepted_like_the_recording(idle_host):
+    for line in health_rec("health-fields-one-by-one.txt").splitlines():
+        field, _, value = line.partition(": ")
+        out, rc = sim(idle_host, ["--query-gpu=" + field, "--format=csv,noheader"])
+        assert rc == 0 and kind(out.splitlines()[0]) == kind(value), field
+
+
+@pytest.mark.parametrize("rc, first", [
+    (6, "No devices were found"),
+    (9, "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."),
+    (15, "Unable to determine the device handle for GPU0000:2A:00.0: GPU is lost."),
+    (18, "Failed to initialize NVML: Driver/library version mismatch"),
+])
+def test_smi_rc_knob_prints_the_driver_text_and_exits_with_it(idle_host, rc, first):
+    fault(idle_host, smi_rc=rc)
+    for argv in (["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"], ["-L"], [], ["nvlink", "-s"]):
+        out, code = sim(idle_host, argv)
+        assert code == rc and out.startswith(first), argv
+
+
+def test_smi_rc_255_prints_seven_good_rows_and_the_device_handle_error(idle_host):
+    fault(idle_host, smi_rc=255)
+    out, rc = sim(idle_host, ["--query-gpu=index,memory.used", "--format=csv,noheader,nounits"])
+    lines = out.splitlines()
+    assert rc == 255 and len(lines) == 8
+    assert lines[1] == "Unable to determine the device handle for GPU 0000:2A:00.0: Unknown Error"
+    assert [ln.split(",")[0] for ln in lines if not ln.startswith("Unable")] == ["0", "2", "3", "4", "5", "6", "7"]
+
+
+def test_smi_hang_knob_delays_every_answer(idle_host):
+    import time
+    fault(idle_host, smi_hang_s=0.3)
+    t = time.monotonic()
+    _, rc = sim(idle_host, ["-L"])
+    assert rc == 0 and time.monotonic() - t >= 0.3
+
+
+def test_health_knobs_change_the_fault_gpu_and_leave_the_others(idle_host):
+    fault(idle_host, ecc_errors=4, remap_pending=True, throttle=["hw_slowdown", "sw_thermal_slowdown"],
+          mig_on=True, smi_field_values={"memory.used": "[Unknown Error]"})
+    fields = ("index,ecc.errors.uncorrected.aggregate.total,ecc.errors.corrected.volatile.total,remapped_rows.pending,"
+              "remapped_rows.uncorrectable,clocks_event_reasons.active,clocks_event_reasons.hw_slowdown,"
+              "mig.mode.current,memory.used")
+    out, rc = sim(idle_host, ["--query-gpu=" + fields, "--format=csv,noheader,nounits"])
+    rows = [line.split(", ") for line in out.splitlines()]
+    assert rc == 0
+    assert rows[1][1:] == ["4", "4", "Yes", "1", "0x0000000000000028", "Active", "Enabled", "[Unknown Error]"]
+    assert rows[0][1:] == ["0", "0", "No", "0", "0x0000000000000001", "Not Active", "Enabled", "[Unknown Error]"]
+
+
+def test_gpus_visible_knob_drops_gpus(idle_host):
+    fault(idle_host, gpus_visible=6)
+    out, rc = sim(idle_host, ["-L"])
+    assert rc == 0 and len(out.splitlines()) == 6
+
+
+def test_nvlink_status_and_errors_with_a_link_down(idle_host):
+    fault(idle_host, nvlink_down=3)
+    out, rc = sim(idle_host, ["nvlink", "-s"])
+    lines = out.splitlines()
+    assert rc == 0 and lines[0].startswith("GPU 0: NVIDIA H200 (UUID: GPU-") and len(lines) == 8 * 19
+    assert lines[19 + 1 + 3] == "\t Link 3: <inactive>" and lines[1] == "\t Link 0: 26.562 GB/s"
+    err, rc = sim(idle_host, ["nvlink", "-e"])
+    assert rc == 0 and "\t Link 3: Recovery Errors: 3" in err.split("GPU 2:")[0]
+
+
+def test_xid_knob_writes_kmsg_records_the_module_reader_parses(idle_host):
+    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
+    from ansible.module_utils import gpufleet_gpu_kmsg as K
+    gpusim.sync_kmsg(idle_host, {"xid": [79, 48]})
+    events = K.read_xid_kmsg(gpusim.kmsg_path(idle_host), window_min=5)
+    bus = gpusim.gpu_identities("gpu-lab-01")[gpusim.FAULT_GPU]["pci_bus_id"]
+    assert [(e["xid"], e["pci_bus_id"]) for e in events] == [(79, bus), (48, bus)]
+    assert "GPU has fallen off the bus." in events[0]["text"]
+    gpusim.sync_kmsg(idle_host, {})
+    assert K.read_xid_kmsg(gpusim.kmsg_path(idle_host), window_min=5) == []
