@@ -1171,7 +1171,7 @@ def progress_text(memory_rows, busy, max_used_mib, elapsed_s, timeout_s, process
     total = len(memory_rows)
     over = [m for m in memory_rows if m["memory_used_mib"] is None or m["memory_used_mib"] > max_used_mib]
     with_procs = sorted(set(busy) - {m["index"] for m in over})
-    clock = "%d s of %s s" % (int(elapsed_s), ("%g" % timeout_s))
+    clock = "%d s of %g s" % (int(round(elapsed_s)), timeout_s)
     if not busy:
         return "GPU memory: all %d GPUs at or below %d MiB%s, after %.2f s of %g s" % (
             total, max_used_mib, " with no compute process" if processes is not None else "", elapsed_s, timeout_s)

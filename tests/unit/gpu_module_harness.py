@@ -75,6 +75,9 @@ def run_main(monkeypatch, module, args):
 
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+    # Keep this machine's kernel log out of module results unless a test names a log (kmsg_path).
+    if "GPUFLEET_KMSG_PATH" not in os.environ:
+        monkeypatch.setenv("GPUFLEET_KMSG_PATH", os.devnull)
     with module_args(args):
         try:
             module.main()
@@ -83,21 +86,27 @@ def run_main(monkeypatch, module, args):
     raise AssertionError("module returned without exit_json/fail_json")
 
 
-def write_fake_smi(directory, state="loaded", apps_extra=(), fail=None, invalid_fields=()):
+def write_fake_smi(directory, state="loaded", apps_extra=(), fail=None, invalid_fields=(), overrides=None,
+                   hang_s=0):
     """Write an executable ``nvidia-smi`` into ``directory`` that replays the recordings (RecordedSmi).
 
     ``apps_extra`` are raw compute-apps lines given as bytes (to emit invalid UTF-8 as a real driver
-    would for a process name). Returns the directory (prepend it to PATH).
+    would for a process name); ``overrides`` {field: raw} are printed for every GPU; ``hang_s`` sleeps
+    before answering (a wedged GPU). Returns the directory (prepend it to PATH).
     """
     path = os.path.join(str(directory), "nvidia-smi")
     config = {"state": state, "apps_extra": [a.hex() for a in apps_extra], "fail": fail,
-              "invalid_fields": list(invalid_fields)}
+              "invalid_fields": list(invalid_fields), "overrides": overrides or {}, "hang_s": hang_s}
     script = """#!%(python)s
 import sys
 sys.path.insert(0, %(unit)r)
 from fake_pynvml import RecordedSmi
 cfg = %(cfg)r
+if cfg["hang_s"]:
+    import time
+    time.sleep(cfg["hang_s"])
 smi = RecordedSmi(state=cfg["state"], fail=cfg["fail"], invalid_fields=cfg["invalid_fields"])
+smi.overrides = cfg["overrides"]
 rc, out, err = smi(sys.argv)
 data = out.encode()
 if sys.argv[1:2] and sys.argv[1].startswith("--query-compute-apps"):

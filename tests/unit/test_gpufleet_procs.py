@@ -151,3 +151,63 @@ def test_cmdline_text_joins_arguments_keeps_titles_and_survives_invalid_utf8(tmp
     assert P.cmdline_text(41, proc_root=str(tmp_path)) == "python3 -m sglang.launch_server --model-path /m\\xff"
     assert P.cmdline_text(42, proc_root=str(tmp_path)) == "sglang::scheduler_TP3"
     assert P.cmdline_text(43, proc_root=str(tmp_path)) == ""
+
+
+ZOMBIE_LEADER = r"""
+import ctypes, os, platform, sys, threading, time
+fds = []
+def hold():
+    fds.append(os.open(sys.argv[1], os.O_RDONLY))
+    print("ready", flush=True)
+    time.sleep(60)
+threading.Thread(target=hold).start()
+while not fds:
+    time.sleep(0.01)
+time.sleep(0.1)
+# exit only the main thread (SYS_exit, not exit_group): the process shows <defunct>, its thread holds the fd
+ctypes.CDLL(None, use_errno=True).syscall({"x86_64": 60, "aarch64": 93}[platform.machine()], 0)
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="SYS_exit number")
+def test_find_device_holders_reads_thread_fd_tables_of_a_defunct_main_thread(fake_dev):
+    proc = subprocess.Popen([sys.executable, "-c", ZOMBIE_LEADER, str(fake_dev / "nvidia1")], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        deadline = time.monotonic() + 5
+        state = ""
+        while time.monotonic() < deadline:
+            with open("/proc/%d/stat" % proc.pid) as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                break
+            time.sleep(0.05)
+        assert state == "Z"  # the main thread is gone ...
+        assert os.listdir("/proc/%d/fd" % proc.pid) == []  # ... and with it the fd list of /proc/<pid>/fd
+        holders = P.find_device_holders(glob=str(fake_dev / "nvidia*"))
+        assert holders.get(proc.pid) == [str(fake_dev / "nvidia1")]
+    finally:
+        stop(proc)
+
+
+def test_find_device_holders_reads_a_thread_table_that_differs(tmp_path):
+    """A fake /proc: pid 40's main fd list is empty, its thread 41 holds /dev/nvidia2."""
+    proc = tmp_path / "proc"
+    (proc / "40" / "fd").mkdir(parents=True)
+    (proc / "40" / "task" / "40" / "fd").mkdir(parents=True)
+    (proc / "40" / "task" / "41" / "fd").mkdir(parents=True)
+    os.symlink("/dev/nvidia2", str(proc / "40" / "task" / "41" / "fd" / "7"))
+    (proc / "50" / "fd").mkdir(parents=True)
+    os.symlink("/dev/nvidiactl", str(proc / "50" / "fd" / "3"))
+    assert P.find_device_holders(proc_root=str(proc)) == {40: ["/dev/nvidia2"], 50: ["/dev/nvidiactl"]}
+
+
+@pytest.mark.parametrize("paths, name, gpus, kind", [
+    (["/dev/nvidia0", "/dev/nvidiactl"], "python3", [0], "gpu"),
+    (["/dev/nvidiactl", "/dev/nvidia-uvm"], "python3", [], "shared_only"),
+    (["/dev/nvidiactl", "/dev/nvidia0"], "nvidia-persiste", [0], "monitor"),
+    (["/dev/nvidiactl"], "nv-hostengine", [], "monitor"),
+    (["/dev/nvidia3"], "python3", [], "gpu"),  # a node of a GPU not mapped (other namespace) still counts
+])
+def test_holder_kind(paths, name, gpus, kind):
+    assert P.holder_kind(paths, name, gpus) == kind
