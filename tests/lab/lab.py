@@ -54,6 +54,17 @@ FAULT_KNOBS = {
     "stale_shm": "stale /dev/shm segments nccl-*, sgl_shm_1, cuda.shm.0 (bool|MiB per file)",
     "tokens_per_s": "stand-in /generate speed (float, default 120)",
     "worker_mib": "MiB each stand-in TP worker holds (int, default 120000)",
+    # GPU and driver faults of the simulated nvidia-smi (gpusim.SMI_FAULT_KNOBS); "GPU 1" = gpusim.FAULT_GPU
+    "smi_rc": "nvidia-smi exits 6|9|15|18|255 with the real driver's text (255: GPU 1's row is the error line)",
+    "smi_hang_s": "every nvidia-smi call sleeps this long before answering (float)",
+    "smi_field_values": "{field: raw} printed for every GPU, e.g. {\"memory.used\": \"[N/A]\"} (dict)",
+    "ecc_errors": "GPU 1 reports N corrected and N uncorrected ECC errors, volatile and aggregate (int)",
+    "remap_pending": "GPU 1 has a pending row remap, 1 uncorrectable row (bool)",
+    "throttle": "GPU 1's active clock event reasons, e.g. hw_slowdown (str|list)",
+    "mig_on": "every GPU reports MIG mode Enabled (bool)",
+    "nvlink_down": "NVLink link N of GPU 1 is <inactive> (int)",
+    "gpus_visible": "nvidia-smi lists only the first N GPUs (int)",
+    "xid": "Xid line(s) for GPU 1 in the simulated kernel log <host dir>/kmsg (int|list)",
 }
 
 
@@ -227,6 +238,7 @@ def make_host_files(names, i, k, version, lower, deps, base_python, release_dela
                        "model_type": "llama", "_gpufleet_lab": "fake model directory"}, fh)
     with open(os.path.join(hdir, "faults.json"), "w") as fh:
         fh.write("{}\n")
+    gpusim.sync_kmsg(hdir, {})
     with open(os.path.join(hdir, "host.json"), "w") as fh:
         json.dump(host, fh, indent=1)
     return host
@@ -610,6 +622,7 @@ def set_faults(host, knobs, clear=False):
         else:
             faults[k] = v
     gpusim.write_json_atomic(path, faults)
+    gpusim.sync_kmsg(host["dir"], faults)  # the simulated kernel log holds the xid knob's lines
     if host.get("init_pid"):
         try:
             os.kill(host["init_pid"], signal.SIGHUP)
