@@ -830,8 +830,8 @@ def run_started(module, p, result):
                     break
                 time.sleep(0.05)
             os.unlink(p["pid_file"])
-            module.fail_json(msg="%s exited with status %s within %.1f s of starting; full log: %s"
-                             % (argv[0], "?" if rc is None else rc, p["startup_check_s"], p["log_file"]),
+            module.fail_json(msg="%s exited with status %s %.1f s after it started; full log: %s"
+                             % (argv[0], "?" if rc is None else rc, time.time() - started_at, p["log_file"]),
                              rc=rc, log_tail=log_tail(p["log_file"], p["log_tail_lines"], offset), **result)
         time.sleep(0.1)
     module.exit_json(msg="started pid %d" % pid, **result)

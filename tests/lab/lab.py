@@ -49,6 +49,7 @@ FAULT_KNOBS = {
     "release_delay_ms": "ms between a holder's death and its memory being free (int, default 150)",
     "slow_load_s": "seconds the stand-in 'loads' before HTTP comes up (float, default 1)",
     "crash_on_start": "stand-in exits 1 after loading, before HTTP (bool)",
+    "crash_with_arg": "like crash_on_start, only for a start whose argv holds this text (str, e.g. a flag)",
     "orphan_worker": "TP rank whose worker detaches to PID 1 of the host, outside the process group (int|true=7)",
     "port_held": "a stray listener holds this port on the host (int|true=30000)",
     "stale_shm": "stale /dev/shm segments nccl-*, sgl_shm_1, cuda.shm.0 (bool|MiB per file)",

@@ -24,7 +24,7 @@ Launched as ``<host venv python> sglang_standin.py <sglang.launch_server flags>`
    constant traffic), SIGKILLs its workers, then SIGKILLs itself (exit 137) up to 0.5.18, exits 0 after.
    A worker that dies unexpectedly makes it kill its tree (SGLang's SIGQUIT path).
 
-Fault knobs (HOST_DIR/faults.json, set with ``lab.py fault``): slow_load_s, crash_on_start,
+Fault knobs (HOST_DIR/faults.json, set with ``lab.py fault``): slow_load_s, crash_on_start, crash_with_arg,
 worker_ignores_sigterm, orphan_worker (that TP rank double-forks away to the host's PID 1, new session),
 tokens_per_s (read per request), worker_mib.
 
@@ -530,6 +530,9 @@ class Server:
         time.sleep(float(f.get("slow_load_s", DEFAULT_LOAD_S)))
         if f.get("crash_on_start"):
             log("RuntimeError: lab fault crash_on_start: scheduler failed while loading the model")
+            self.kill_tree_and_exit(1)
+        if f.get("crash_with_arg") and any(str(f["crash_with_arg"]) in a for a in self.argv):
+            log("RuntimeError: lab fault crash_with_arg %s: scheduler failed while loading the model" % f["crash_with_arg"])
             self.kill_tree_and_exit(1)
         try:
             ThreadingHTTPServer.daemon_threads = True

@@ -1,0 +1,248 @@
+"""restart.yml after the stop: a failure rolls the host back to the server it had (issue 10), over real SSH.
+
+Each scenario fails a restart after the old server was stopped and then asserts, on the host itself, that it
+serves again: ``/health_generate`` answers 200 from a new pid started with the previous argv (the launch
+record, not the failed run's flags), and ``engine.py`` holds exactly the bytes it had before the run. A port
+taken after the stop cannot be rolled back (the previous server could not bind either): the test asserts the
+run names the holder, restores the file and says the host is not serving, then frees the port and restores
+service. The progress scenario asserts that a 20 s load prints progress lines instead of 900 s of silence.
+
+Faults that must strike after preflight (a stray listener, a read-only engine.py) are applied from the test
+while the playbook runs: the GPU memory release is slowed (``release_delay_ms``) so the wait phase leaves a
+window of seconds after the stop.
+"""
+import hashlib
+import json
+import threading
+import time
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+PLAYBOOK = "playbooks/restart.yml"
+FAST = {"sglang_stop_grace_s": 10, "sglang_launch_ready_slice_s": 5}
+ENGINE = "lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py"
+
+
+def stdout_of(runner):
+    with open(runner.stdout.name) as handle:
+        return handle.read()
+
+
+def state_dir(lab, host):
+    return lab.host_vars(host)["sglang_state_dir"]
+
+
+def server_pid(lab, host):
+    res = lab.exec(host, ["cat", "%s/sglang.pid" % state_dir(lab, host)])
+    return int(res.stdout.strip()) if res.returncode == 0 and res.stdout.strip().isdigit() else None
+
+
+def alive(lab, host, pid):
+    res = lab.exec(host, ["cat", "/proc/%d/stat" % pid])
+    return res.returncode == 0 and res.stdout.split(") ", 1)[1][:1] not in ("Z", "X")
+
+
+def cmdline(lab, host, pid):
+    res = lab.exec(host, ["cat", "/proc/%d/cmdline" % pid])
+    return res.stdout.replace("\0", " ").strip()
+
+
+def engine_path(lab, host):
+    return "%s/%s" % (lab.host_vars(host)["sglang_python"].rsplit("/bin/", 1)[0], ENGINE)
+
+
+def engine_sha(lab, host):
+    res = lab.exec(host, ["cat", engine_path(lab, host)], check=True)
+    return hashlib.sha256(res.stdout.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def launch_record(lab, host):
+    res = lab.exec(host, ["cat", "%s/launch.json" % state_dir(lab, host)])
+    return json.loads(res.stdout) if res.returncode == 0 else None
+
+
+def ensure_serving(lab, host):
+    """``host`` runs a verified server launched by restart.yml (so a launch record exists); returns its pid."""
+    pid = server_pid(lab, host)
+    if not (pid and alive(lab, host, pid) and launch_record(lab, host)
+            and launch_record(lab, host)["pid"] == pid and lab.wait_http(host, timeout_s=2) == 200):
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+        pid = server_pid(lab, host)
+    return pid
+
+
+def changed_config(lab, host, extra_args=None):
+    """Extra vars giving ``host`` new launch args and one more NCCL variable (so the patch must write)."""
+    hv = lab.host_vars(host)
+    args = dict(hv["sglang_launch_args"])
+    args.update(extra_args or {})
+    env = dict(lab.group_vars["sglang_nccl_env"], NCCL_DEBUG="WARN")
+    return dict(FAST, sglang_launch_args=args, sglang_nccl_env=env)
+
+
+def facts(lab, runner, host, name):
+    """The value of fact ``name`` from the last set_fact of ``host`` that set it."""
+    value = None
+    for d in lab.events(runner, "runner_on_ok", "set_fact"):
+        got = d.get("res", {}).get("ansible_facts", {})
+        if d["host"] == host and name in got:
+            value = got[name]
+    return value
+
+
+def state_lines(lab, runner, host):
+    [said] = [d for d in lab.events(runner, "runner_on_ok", "debug")
+              if d["host"] == host and d["task"] == "Say what state the host is in"]
+    return said["res"]["msg"]
+
+
+def assert_serves_previous_launch(lab, host, before_pid, before_sha, record):
+    """The host serves again: a new pid from the recorded argv, /health_generate 200, engine.py as before."""
+    assert lab.wait_http(host, timeout_s=30) == 200
+    pid = server_pid(lab, host)
+    assert pid and pid != before_pid and alive(lab, host, pid)
+    assert not alive(lab, host, before_pid)
+    # The stand-in titles itself "<python> -m sglang.launch_server <args>": the args are the recorded ones.
+    assert cmdline(lab, host, pid).endswith(" ".join(record["argv"][2:])), cmdline(lab, host, pid)
+    assert engine_sha(lab, host) == before_sha
+
+
+def run_in_background(lab, **kwargs):
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(runner=lab.run_playbook(PLAYBOOK, **kwargs)), daemon=True)
+    thread.start()
+    return thread, box
+
+
+def wait_until_dead(lab, host, pid, timeout_s=90):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if not alive(lab, host, pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.lab_only_once
+def test_new_server_crashing_on_a_changed_flag_rolls_back_to_the_previous_launch(lab):
+    host = lab.hosts[1 % len(lab.hosts)]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    lab.fault(host, crash_with_arg="--max-running-requests")
+    try:
+        runner = lab.run_playbook(PLAYBOOK, limit=host,
+                                  extravars=changed_config(lab, host, {"max-running-requests": 7}))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "launch"
+        cause = facts(lab, runner, host, "_gpufleet_failed_cause")
+        assert "exited with status 1" in cause and "within" not in cause, cause
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        assert "engine.py restored" in rollback["detail"] and "as pid %d" % rollback["pid"] in rollback["detail"]
+        # the failed run patched engine.py before the launch: the patch did write
+        assert lab.events(runner, "runner_on_ok", "sglang_nccl_patch")[-1]["res"]["changed"]
+        assert rollback["pid"] == server_pid(lab, host)
+        [tail] = [d for d in lab.events(runner, "runner_on_ok", "debug") if d["task"] == "Show the end of the server log"]
+        assert any("crash_with_arg" in line for line in tail["res"]["msg"]), tail["res"]["msg"]
+        assert "Rollback: rolled_back" in state_lines(lab, runner, host)
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+        assert "--max-running-requests" not in cmdline(lab, host, server_pid(lab, host))
+    finally:
+        lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_port_taken_after_the_stop_names_the_holder_restores_the_file_and_says_the_host_is_down(lab):
+    """Picked behaviour: no relaunch on a taken port (the previous server could not bind either)."""
+    host = lab.hosts[2 % len(lab.hosts)]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    lab.fault(host, release_delay_ms=3000)
+    try:
+        thread, box = run_in_background(lab, limit=host, extravars=changed_config(lab, host))
+        assert wait_until_dead(lab, host, before_pid), "the stop never came"
+        lab.fault(host, port_held=30000)  # a stray listener takes the freed port during the GPU wait
+        thread.join(300)
+        runner = box["runner"]
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "launch"
+        cause = facts(lab, runner, host, "_gpufleet_failed_cause")
+        assert "port 30000 taken by pid" in cause and "stray-listener :30000" in cause and "before launch" in cause
+        assert "within" not in cause
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "failed", rollback
+        detail = rollback["detail"]
+        assert "engine.py restored" in detail and "stray-listener :30000" in detail
+        assert "could not bind a taken port" in detail and "The host is not serving" in detail
+        assert "The old server is stopped and no new one serves" in " ".join(state_lines(lab, runner, host))
+        assert engine_sha(lab, host) == before_sha
+        assert lab.wait_http(host, timeout_s=1) is None  # the stray accepts, never answers HTTP
+    finally:
+        lab.clear_faults(host)
+    after_pid = ensure_serving(lab, host)
+    assert after_pid != before_pid and lab.wait_http(host) == 200
+    assert engine_sha(lab, host) == before_sha and launch_record(lab, host)["argv"] == record["argv"]
+
+
+@pytest.mark.lab_only_once
+def test_patch_failing_after_the_stop_rolls_back(lab):
+    host = lab.hosts[3 % len(lab.hosts)]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    engine = engine_path(lab, host)
+    lab.fault(host, release_delay_ms=3000)
+    mounted = False
+    try:
+        thread, box = run_in_background(lab, limit=host, extravars=changed_config(lab, host))
+        assert wait_until_dead(lab, host, before_pid), "the stop never came"
+        # After preflight (which checks write access): engine.py becomes read-only in the host's mount namespace.
+        lab.exec(host, ["mount", "--bind", engine, engine], check=True)
+        mounted = True
+        lab.exec(host, ["mount", "-o", "remount,bind,ro", engine], check=True)
+        thread.join(300)
+        runner = box["runner"]
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "patch"
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        assert "engine.py unchanged" in rollback["detail"]
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+    finally:
+        if mounted:
+            lab.exec(host, ["umount", engine])
+        lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_a_slow_load_prints_progress_lines_while_it_waits(lab):
+    host = lab.hosts[0]
+    ensure_serving(lab, host)
+    lab.fault(host, slow_load_s=20)
+    try:
+        started = time.time()
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=FAST)
+        out = stdout_of(runner)
+        assert runner.status == "successful", out[-4000:]
+        assert time.time() - started >= 20
+    finally:
+        lab.clear_faults(host)
+    retries = [d for d in lab.events(runner, "runner_retry", "sglang_process") if d["host"] == host]
+    # 20 s of loading in 5 s slices: at least three progress reports, each saying what is awaited and how long
+    assert len(retries) >= 3, [d["res"].get("progress") for d in retries]
+    pid = server_pid(lab, host)
+    seconds = []
+    for d in retries:
+        progress = d["res"]["progress"]
+        assert progress.startswith("waiting for /health_generate on 127.0.0.1:30000 (pid %d): " % pid), progress
+        assert "s of 900 s, last: connection refused" in progress and "log: '" in progress
+        seconds.append(float(progress.split(": ", 1)[1].split(" s of ")[0]))
+    assert seconds == sorted(seconds) and seconds[-1] >= 14
+    # the lines reach the job output (AWX shows stdout), not only the event stream
+    assert out.count("waiting for /health_generate on 127.0.0.1:30000") >= 3 or out.count("RETRYING") >= 3, out[-3000:]
+    assert lab.wait_http(host) == 200
