@@ -1,6 +1,7 @@
 """nvidia_gpu_info: main() driven with module arguments, on the recorded H200 through both backends."""
 import ast
 import os
+import time
 
 import pytest
 import yaml
@@ -150,3 +151,88 @@ def test_info_device_holders_match_their_documentation(monkeypatch, nvml):
     assert holders[900]["gpu_indices"] == [] and holders[682]["gpu_indices"] == [0]
     gpu0 = {p["pid"]: p["source"] for p in r["gpus"][0]["processes"]}
     assert gpu0 == {682: ["nvml", "proc_fd"]}
+
+
+# ------------------------------------------------------------------------------------------------ issue 9
+
+MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"
+LOST = "Unable to determine the device handle for GPU0000:00:07.0: GPU is lost.  Reboot the system to recover this GPU\n"
+HANDLE = "0, GPU-8b76e503-d849-6334-acea-f57e29736cb3, 00000000:00:06.0, NVIDIA H200\n" \
+         "Unable to determine the device handle for GPU 0000:00:07.0: Unknown Error\n"
+
+
+@pytest.mark.parametrize("rc, text, cls", [(6, "No devices were found\n", "no_devices"),
+                                           (9, DRIVER_NOT_LOADED_TEXT, "driver_not_loaded"),
+                                           (15, LOST, "gpu_lost"), (18, MISMATCH, "driver_mismatch"),
+                                           (255, HANDLE, "device_handle_error")])
+def test_info_names_each_nvidia_smi_failure_with_the_driver_text_first(monkeypatch, smi_only, tmp_path, rc, text,
+                                                                      cls):
+    log = tmp_path / "kmsg"
+    log.write_text("4,1,%d,-;NVRM: Xid (PCI:0000:00:07): 79, pid=1, name=python3, GPU has fallen off the bus.\n"
+                   % int((time.monotonic() - 60) * 1e6))
+    smi_only(fail=[rc, text])
+    done = run_main(monkeypatch, MODULE, {"kmsg_path": str(log)})
+    r = done.result
+    assert done.failed and r["error_class"] == cls and r["rc"] == rc
+    first = [ln for ln in text.splitlines() if ln.startswith(("Unable", "No dev", "NVIDIA-SMI", "Failed"))][0]
+    assert r["msg"].startswith(first.strip())
+    assert "NVML: NVML" not in r["msg"] and "NVML was tried first" in r["msg"]
+    # the kernel log is read into the failure: the operator sees the Xid at once
+    assert r["xid_status"] == "ok" and r["xid_events"][0]["xid"] == 79 and "Xid events (" in r["msg"]
+
+
+def test_info_reports_health_fields_with_raw_text_for_what_h200_cannot_report(monkeypatch, smi_only, no_holders):
+    smi_only(state="idle")
+    r = run_main(monkeypatch, MODULE, {}).result
+    gpu = r["gpus"][0]
+    assert gpu["unsupported"] == {"retired_pages_single_bit_ecc_count": "[N/A]",
+                                  "retired_pages_double_bit_ecc_count": "[N/A]", "retired_pages_pending": "[N/A]"}
+    assert gpu["nvlinks"] == [] and gpu["pcie_link_width_max"] == 16 and gpu["temperature_memory_c"] == 34
+    assert set(gpu) == set(return_doc()["gpus"]["contains"])
+
+
+def test_info_fails_on_fewer_gpus_than_expected_and_passes_on_enough(monkeypatch, nvml, no_holders):
+    done = run_main(monkeypatch, MODULE, {"expected_count": 8, "processes": False})
+    assert done.failed and done.result["error_class"] == "fewer_gpus"
+    assert done.result["msg"].startswith("NVML lists 2 GPUs, expected 8")
+    assert not run_main(monkeypatch, MODULE, {"expected_count": 2, "processes": False}).failed
+
+
+def test_info_reads_xid_events_in_the_window_and_maps_them_to_gpus(monkeypatch, nvml, no_holders, tmp_path):
+    now = time.monotonic()
+    log = tmp_path / "kmsg"
+    log.write_text("".join("4,%d,%d,-;NVRM: Xid (PCI:0000:00:%s): %d, pid=9, name=x, t\n" % (n, int(ts * 1e6), bus, x)
+                           for n, (ts, bus, x) in enumerate([(now - 7200, "06", 13), (now - 30, "07", 48),
+                                                             (now - 5, "1b", 79)])))
+    r = run_main(monkeypatch, MODULE, {"kmsg_path": str(log), "xid_window_min": 60, "processes": False}).result
+    assert r["xid_status"] == "ok" and r["xid_source"] == str(log)
+    assert [(e["xid"], e["gpu_index"]) for e in r["xid_events"]] == [(48, 1), (79, None)]
+    assert set(r["xid_events"][0]) == set(return_doc()["xid_events"]["contains"])
+
+
+def test_info_unreadable_kernel_log_is_unknown_not_none(monkeypatch, nvml, no_holders, tmp_path):
+    r = run_main(monkeypatch, MODULE, {"kmsg_path": str(tmp_path / "missing"), "processes": False}).result
+    assert r["xid_events"] is None and r["xid_status"] == "unknown" and "Xid events unknown" in r["xid_reason"]
+    r = run_main(monkeypatch, MODULE, {"xid_window_min": 0, "processes": False}).result
+    assert r["xid_status"] == "skipped" and r["xid_events"] is None
+
+
+def test_info_on_a_hung_nvidia_smi_fails_as_timeout_within_timeout_s(monkeypatch, tmp_path):
+    from ansible.module_utils import gpufleet_gpu_errors as E
+    monkeypatch.setattr(E, "MIN_CALL_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(G, "pynvml", None)
+    write_fake_smi(tmp_path, state="idle", hang_s=60)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    t = time.monotonic()
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 1, "processes": False})
+    assert done.failed and done.result["error_class"] == "timeout" and time.monotonic() - t < 4
+    assert done.result["msg"].startswith("`nvidia-smi --query-gpu=index,uuid,pci.bus_id,name")
+
+
+def test_info_nvlink_state_through_nvml(monkeypatch, nvml, no_holders):
+    nvml.fake.gpus[0]["nvlinks"] = [(1, [0, 0, 0, 0]), (0, [0, 5, 0, 0])]
+    r = run_main(monkeypatch, MODULE, {"processes": False}).result
+    assert [(l["link"], l["state"], l["recovery_errors"]) for l in r["gpus"][0]["nvlinks"]] == [
+        (0, "active", 0), (1, "inactive", 5)]
+    assert r["gpus"][1]["nvlinks"] == []
+    assert set(r["gpus"][0]["nvlinks"][0]) == set(return_doc()["gpus"]["contains"]["nvlinks"]["contains"])

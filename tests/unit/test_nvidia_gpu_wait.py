@@ -1,5 +1,6 @@
 """nvidia_gpu_wait: main() with module arguments; release after N polls, timeout naming holders, errors."""
 import os
+import time
 
 import pytest
 
@@ -129,3 +130,98 @@ def test_wait_reports_a_lost_gpu(monkeypatch, recorded_procs):
     monkeypatch.setattr(G, "pynvml", fake)
     done = run_main(monkeypatch, MODULE, {"timeout_s": 1})
     assert done.failed and "is lost" in done.result["msg"] and "reboot" in done.result["msg"]
+
+
+# ------------------------------------------------------------------------------------------------ issue 9
+
+@pytest.fixture
+def smi_path(monkeypatch, tmp_path):
+    """No nvidia-ml-py; install(**write_fake_smi kwargs) puts a replaying nvidia-smi first on PATH."""
+    monkeypatch.setattr(G, "pynvml", None)
+    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {})
+    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: None for p in pids})
+
+    def install(**kw):
+        write_fake_smi(tmp_path, **kw)
+        monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+
+    return install
+
+
+def test_wait_fails_at_once_when_memory_used_reads_na(monkeypatch, smi_path):
+    smi_path(state="loaded", overrides={"memory.used": "[N/A]"})
+    t = time.monotonic()
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 30})
+    r = done.result
+    assert done.failed and r["error_class"] == "field_unavailable" and time.monotonic() - t < 10
+    assert r["msg"].startswith("GPU 0 (GPU-8b76e503-d849-6334-acea-f57e29736cb3): nvidia-smi memory.used reads '[N/A]'")
+    assert "None MiB" not in r["msg"]
+
+
+def test_wait_fails_at_once_when_nvidia_smi_finds_no_devices(monkeypatch, smi_path):
+    smi_path(fail=[6, "No devices were found\n"])
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 30})
+    assert done.failed and done.result["error_class"] == "no_devices"
+    assert done.result["msg"].startswith("No devices were found")
+
+
+def test_wait_fails_when_fewer_gpus_than_expected(monkeypatch, recorded_procs):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("idle"))
+    done = run_main(monkeypatch, MODULE, {"expected_count": 8, "timeout_s": 30})
+    assert done.failed and done.result["error_class"] == "fewer_gpus" and "expected 8" in done.result["msg"]
+    assert not run_main(monkeypatch, MODULE, {"expected_count": 2, "timeout_s": 0}).failed
+
+
+def test_wait_on_a_hung_nvidia_smi_fails_within_its_budget(monkeypatch, smi_path):
+    from ansible.module_utils import gpufleet_gpu_errors as E
+    monkeypatch.setattr(E, "MIN_CALL_TIMEOUT_S", 0.5)
+    smi_path(state="idle", hang_s=60)
+    t = time.monotonic()
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 1})
+    took = time.monotonic() - t
+    assert done.failed and done.result["error_class"] == "timeout" and took < 4, took
+    assert "did not answer within 1.0 s" in done.result["msg"] and "D state" in done.result["msg"]
+
+
+def test_wait_in_slices_reports_progress_then_counts_from_the_first_start(monkeypatch, recorded_procs):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 60, "slice_s": 0.2, "poll_interval_ms": 50})
+    r = done.result
+    assert not done.failed and r["ready"] is False and r["polls"] >= 4
+    assert r["progress"].startswith("GPU memory: 2 of 2 GPUs above 1024 MiB (max 31339 MiB on GPU 0), 0 s of 60 s")
+    started = r["started_at"]
+    releasing_nvml(monkeypatch, release_after_calls=4)
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 60, "slice_s": 5, "poll_interval_ms": 10,
+                                         "started_at": started - 20})
+    assert not done.failed and done.result["ready"] is True
+    assert 20000 <= done.result["elapsed_ms"] < 30000 and done.result["started_at"] == round(started - 20, 3)
+
+
+def test_wait_slice_past_the_whole_timeout_fails_as_not_released(monkeypatch, recorded_procs):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 10, "slice_s": 5, "started_at": time.time() - 10})
+    assert done.failed and done.result["error_class"] == "not_released" and done.result["polls"] == 1
+    assert done.result["msg"].startswith("GPU memory not released after 10.0 s")
+
+
+def test_wait_message_names_fd_holders_when_no_compute_process_is_listed(monkeypatch):
+    fake = make_fake_nvml("loaded")
+    for gpu in fake.fake.gpus:
+        gpu["procs"] = []  # 31 GiB used, nothing listed (a container without the host PID namespace)
+    monkeypatch.setattr(G, "pynvml", fake)
+    monkeypatch.setattr(G, "find_device_holders", lambda **kw: {
+        300: ["/dev/nvidiactl", "/dev/nvidia-uvm"], 77: ["/dev/nvidia0", "/dev/nvidiactl"],
+        90: ["/dev/nvidia1"]})
+    names = {300: ("python3", ["python3", "-m", "my_job"]), 77: ("nv-hostengine", ["nv-hostengine"]),
+             90: ("python3", ["python3", "train.py"])}
+    monkeypatch.setattr(G, "describe_pids", lambda pids: {p: {"name": names[p][0], "cmdline": names[p][1]}
+                                                          for p in pids})
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 0})
+    msg = done.result["msg"]
+    assert "kill the pids listed" not in msg
+    assert "processes with a GPU device open: pid 90: python3 train.py" in msg
+    assert "processes holding only the shared nodes (nvidiactl, nvidia-uvm): pid 300: python3 -m my_job" in msg
+    assert msg.index("pid 90: python3 train.py |") < msg.index("pid 300")
+    assert "pid 77" not in msg.split("candidates")[1]  # the monitor is not a candidate
+    kinds = {h["pid"]: h["kind"] for h in done.result["device_holders"]}
+    assert kinds == {90: "gpu", 300: "shared_only", 77: "monitor"}
