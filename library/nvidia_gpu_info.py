@@ -63,7 +63,7 @@ options:
         C(0) skips the read (C(xid_status=skipped)).
       - The log is C(/dev/kmsg), read record by record without blocking, or C(journalctl -k) when
         C(/dev/kmsg) cannot be opened. With C(kernel.dmesg_restrict=1) that needs root or CAP_SYSLOG. This
-        module does not escalate by itself: run the task with C(become) where allowed. Without access the
+        module does not escalate by itself; run the task with C(become) where allowed. Without access the
         result is C(xid_events=null) with C(xid_status=unknown) and the reason, never an empty list.
     type: int
     default: 60

@@ -80,7 +80,7 @@ options:
   expected_count:
     description:
       - Number of GPUs this host must have; fewer fails at once (C(error_class=fewer_gpus)). Zero GPUs
-        always fails (C(no_devices)): a host with no GPU never reads as free.
+        always fails (C(no_devices)); a host with no GPU never reads as free.
       - Playbooks pass the inventory variable C(gpufleet_expected_gpus) (unset by default).
     type: int
   backend:

@@ -236,3 +236,17 @@ def test_info_nvlink_state_through_nvml(monkeypatch, nvml, no_holders):
         (0, "active", 0), (1, "inactive", 5)]
     assert r["gpus"][1]["nvlinks"] == []
     assert set(r["gpus"][0]["nvlinks"][0]) == set(return_doc()["gpus"]["contains"]["nvlinks"]["contains"])
+
+
+@pytest.mark.parametrize("name, options", [
+    ("nvidia_gpu_info", {"gpus", "processes", "backend", "expected_count", "timeout_s", "nvlink", "xid_window_min",
+                         "kmsg_path"}),
+    ("nvidia_gpu_wait", {"gpus", "max_used_mib", "require_no_processes", "poll_interval_ms", "timeout_s", "slice_s",
+                         "started_at", "expected_count", "backend"}),
+])
+def test_documentation_parses_and_documents_every_option(name, options):
+    tree = ast.parse(open(os.path.join(ROOT, "library", name + ".py")).read())
+    docs = {n.targets[0].id: yaml.safe_load(n.value.value) for n in tree.body
+            if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") in ("DOCUMENTATION", "RETURN", "EXAMPLES")}
+    assert set(docs["DOCUMENTATION"]["options"]) == options
+    assert "error_class" in docs["RETURN"] and isinstance(docs["EXAMPLES"], list)
