@@ -1,18 +1,28 @@
-# gpufleet: print the restart summary table at the end of a run, whatever happened on the way.
+# gpufleet: print the restart summary (one row per targeted host) at the end of a run, whatever happened on
+# the way, and the progress lines of long waits.
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 name: gpufleet_summary
 type: aggregate
-short_description: Print gpufleet's per-host restart summary at the end of the run
+short_description: Print gpufleet's per-host restart summary at the end of the run, and progress lines of long waits
 description:
-  - Collects the C(gpufleet_summary_row) fact that playbooks/restart.yml sets for each host (in an C(always)
-    section, so failed hosts report too) and prints one table at the end of the run, also when the rolling
-    restart stopped early. Hosts that failed before their row was set (preflight, lock) are listed as failed
-    with the failing task. Prints nothing for playbooks that set no row.
-  - "Columns: host, result (ok|failed|check), downtime_s (s, stop start → ready), release_wait_ms (ms, GPU memory
-    release after the stop), tokens_per_s (output tokens/s of the throughput smoke test), nccl (ok|fail: every
-    GPU worker's environ carries sglang_nccl_env), old_pid, new_pid."
+  - "Summary: prints one row per host targeted by playbooks/restart.yml at the end of the run, on every exit path
+    (a guard or preflight refusal, a failed host that stopped the rolling restart, an unreachable host). Rows come
+    from the same data the playbook publishes for AWX with C(set_stats) under C(gpufleet_restart) (host → row);
+    hosts without a row get one from what the run saw: C(unreachable) with the phase it was in and what the host
+    may be doing, C(failed) with the failing task's message, C(not_started) when the run stopped before their
+    turn, C(not_reached) when no task ran for them."
+  - "Columns: host, result (ok|check|failed|rolled_back|refused|not_started|not_reached|unreachable), downtime_s
+    (s, stop start → a server answered again; C(down:N) = still down, N s so far; 0.0 = no server ran before),
+    release_wait_ms (ms), tokens_per_s, nccl (ok|fail), old_pid, new_pid. Below the table, each host that is not
+    ok gets its phase, cause, rollback and what to do next."
+  - "Progress: for a task retried with C(until)/C(retries) whose result carries a C(progress) string (the readiness
+    wait, the GPU memory wait), prints C(  <host>: <progress>) at each retry."
+  - "It writes only while a human-readable stdout callback is active (default, minimal, oneline, debug, dense, yaml,
+    unixy, ...; under ansible-runner/AWX the one named by ORIGINAL_STDOUT_CALLBACK, default C(default)), so a JSON
+    stdout callback (C(json), C(ansible.posix.json), C(ansible.posix.jsonl)) stays valid JSON; the rows still reach
+    it through C(set_stats) (C(gpufleet_restart) in the JSON's C(global_custom_stats))."
   - Needs no enabling (it is always on); the callback directory must be on the plugin path
     (ansible.cfg C(callback_plugins), or playbooks/callback_plugins/ under ansible-runner/AWX).
 """
@@ -20,7 +30,37 @@ description:
 import importlib.util
 import os
 
+from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
+
+# stdout callbacks that print for people; anything else (json, jsonl, junit, tree, unknown) gets no line from us.
+HUMAN_STDOUT_CALLBACKS = frozenset((
+    "default", "minimal", "oneline", "debug", "dense", "yaml", "unixy", "selective", "skippy", "actionable",
+    "counter_enabled", "diy", "null_progress", "full_skip", "stderr", "awx_display_default",
+))
+HUMAN_PREFIXES = ("ansible.builtin.", "community.general.", "ansible.posix.")
+
+# Role → restart phase, for rows the playbook could not write (the host went unreachable).
+PHASE_OF_ROLE = {
+    "sglang_preflight": "preflight", "sglang_stop": "stop", "gpu_memory_wait": "wait",
+    "sglang_nccl_patch": "patch", "sglang_launch": "launch", "sglang_verify": "verify",
+}
+# What a host may be doing when the connection was lost in a phase (restart.yml publishes the same words as a
+# provisional row at each phase start; these cover a host lost before the first one).
+UNREACHABLE_ADVICE = {
+    "preflight": "nothing was changed on this host: check ssh, then rerun",
+    "lock": "nothing was stopped; a lock taken frees itself when its lease ends: check ssh, then rerun",
+    "stop": "the old server may be stopped or still draining: run playbooks/check.yml for this host, then rerun "
+            "restart.yml once the lock's lease ended",
+    "wait": "the old server is stopped and no new one was started: rerun restart.yml for this host once the "
+            "lock's lease ended",
+    "patch": "the old server is stopped; engine.py may be patched: rerun restart.yml for this host once the "
+             "lock's lease ended",
+    "launch": "ssh lost during launch: the server may have come up; run playbooks/check.yml for this host",
+    "verify": "the new server was up when the connection was lost: run playbooks/check.yml for this host",
+}
+# The first play of every playbook (playbooks/tasks/guards.yml): its failures concern the run, not a host.
+GUARD_PLAY_PREFIX = "Check the command line"
 
 
 def _load_table():
@@ -39,6 +79,10 @@ def _plain(value):
         return None
     if isinstance(value, bool):
         return bool(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
@@ -56,6 +100,107 @@ def _plain(value):
         return text
 
 
+def _first_line(text, limit=300):
+    line = " ".join(str(text or "").strip().split("\n")[0].split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def stdout_callback_name(environ=None):
+    """The stdout callback that prints for the user: ansible-runner's awx_display wraps the one named by
+    ORIGINAL_STDOUT_CALLBACK (default ``default``); otherwise Ansible's configured stdout_callback."""
+    environ = os.environ if environ is None else environ
+    name = str(C.config.get_config_value("DEFAULT_STDOUT_CALLBACK") or "default")
+    if name.endswith("awx_display"):
+        name = environ.get("ORIGINAL_STDOUT_CALLBACK") or "default"
+    return name
+
+
+def is_human_stdout(name):
+    """True for stdout callbacks that print for people (see HUMAN_STDOUT_CALLBACKS), False for the rest."""
+    short = name
+    for prefix in HUMAN_PREFIXES:
+        if name.startswith(prefix):
+            short = name[len(prefix):]
+    return short in HUMAN_STDOUT_CALLBACKS
+
+
+def _phase_of(task, play_name=""):
+    role = getattr(task, "_role", None)
+    name = role.get_name() if role is not None else ""
+    if name in PHASE_OF_ROLE:
+        return PHASE_OF_ROLE[name]
+    path = task.get_path() or "" if hasattr(task, "get_path") else ""
+    if "restart_lock" in path:
+        return "lock"
+    if (play_name or "").startswith("Preflight"):
+        return "preflight"
+    return None
+
+
+def build_rows(targets, rows, fact_rows, unreachable, failed):
+    """Final rows, one per targeted host, in target order (hosts with a row but not in ``targets`` follow).
+
+    ``rows``: host → row from the playbook's set_stats (last one wins: a provisional ``unreachable`` row is
+    replaced by the always: section's final row); ``fact_rows``: host → ``gpufleet_summary_row`` facts (a
+    fallback); ``unreachable``: host → (phase, message); ``failed``: host → (phase, task name, message).
+    """
+    order = list(targets or [])
+    # Without the guard's target list (an older playbook), every host the run saw; with it, failures of
+    # hosts outside the targets (the guard play runs on all hosts) are not rows.
+    extra = list(rows) + list(fact_rows) + ([] if targets is not None else list(unreachable) + list(failed))
+    for host in extra:
+        if host not in order:
+            order.append(host)
+    stopped = any(h in failed or h in unreachable for h in order) or any(
+        (r or {}).get("result") not in ("ok", "check", None) for r in rows.values())
+    out = []
+    for host in order:
+        row = dict(rows.get(host) or fact_rows.get(host) or {})
+        if host in unreachable and (not row or row.get("result") == "unreachable"):
+            phase, message = unreachable[host]
+            phase = row.get("phase") or phase
+            row = dict(row, host=host, result="unreachable", phase=phase,
+                       cause=row.get("cause") or _first_line(message) or "connection lost",
+                       advice=row.get("advice") or UNREACHABLE_ADVICE.get(phase, "run playbooks/check.yml for this host"))
+        elif not row and host in failed:
+            phase, task, message = failed[host]
+            row = {"host": host, "result": "refused" if phase == "preflight" else "failed", "phase": phase,
+                   "cause": _first_line(message) or task}
+        elif not row:
+            row = {"host": host, "result": "not_started" if stopped else "not_reached",
+                   "cause": "the run stopped before this host's turn" if stopped else "no task ran for this host",
+                   "advice": "nothing was changed on this host"}
+        row.setdefault("host", host)
+        out.append(row)
+    return out
+
+
+def render(rows, table):
+    """The summary text: the table (``table`` = gpufleet_summary_table) and a note per host that is not ok."""
+    shown = []
+    for row in rows:
+        cell = dict(row)
+        if row.get("still_down"):
+            down = row.get("downtime_s")
+            cell["downtime_s"] = "down" if down is None else "down:%.1f" % float(down)
+        shown.append(cell)
+    lines = [table(shown)]
+    for row in rows:
+        if row.get("result") in ("ok", "check"):
+            continue
+        head = "%s: %s" % (row.get("host"), row.get("result"))
+        if row.get("phase"):
+            head += " in %s" % row["phase"]
+        if row.get("cause"):
+            head += ": %s" % row["cause"]
+        lines.append(head)
+        if row.get("rollback"):
+            lines.append("    rollback: %s" % row["rollback"])
+        if row.get("advice"):
+            lines.append("    next: %s" % row["advice"])
+    return "\n".join(lines)
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -64,41 +209,70 @@ class CallbackModule(CallbackBase):
 
     def __init__(self):
         super().__init__()
+        self._targets = None
         self._rows = {}
-        self._failures = {}
+        self._fact_rows = {}
+        self._unreachable = {}
+        self._failed = {}
+        self._play_name = ""
+        self._guard_failures = []
         self._seen_restart = False
+        self._human = None
+
+    def _prints(self):
+        if self._human is None:
+            self._human = is_human_stdout(stdout_callback_name())
+        return self._human
 
     def v2_playbook_on_play_start(self, play):
-        # Only restart-shaped playbooks print a table; a play named like ours marks it.
-        if "host by host" in (play.get_name() or ""):
+        self._play_name = play.get_name() or ""
+        if "host by host" in self._play_name:
             self._seen_restart = True
 
     def v2_runner_on_ok(self, result):
-        facts = result._result.get("ansible_facts") or {}
+        res = result._result
+        facts = res.get("ansible_facts") or {}
+        if "gpufleet_restart_targets" in facts:
+            self._targets = [str(h) for h in (facts["gpufleet_restart_targets"] or [])]
         row = facts.get("gpufleet_summary_row")
         if row:
-            self._rows[result._host.get_name()] = {k: _plain(v) for k, v in dict(row).items()}
+            self._fact_rows[result._host.get_name()] = _plain(dict(row))
+        stats = res.get("ansible_stats") or {}
+        data = (stats.get("data") or {}).get("gpufleet_restart")
+        if isinstance(data, dict):
+            for host, published in _plain(dict(data)).items():
+                self._rows[host] = published
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
-        if not ignore_errors:
-            self._failures.setdefault(result._host.get_name(), result._task.get_name())
+        if ignore_errors:
+            return
+        host = result._host.get_name()
+        msg = result._result.get("msg") or ""
+        if self._play_name.startswith(GUARD_PLAY_PREFIX):
+            self._guard_failures.append(str(msg))
+            return
+        self._failed[host] = (_phase_of(result._task, self._play_name), result._task.get_name(), str(msg))
 
     def v2_runner_on_unreachable(self, result):
-        self._failures.setdefault(result._host.get_name(), "unreachable")
+        host = result._host.get_name()
+        phase = _phase_of(result._task, self._play_name)
+        self._unreachable[host] = (phase, str(result._result.get("msg") or "unreachable"))
+
+    def v2_runner_retry(self, result):
+        progress = result._result.get("progress")
+        if progress and self._prints():
+            self._display.display("  %s: %s" % (result._host.get_name(), _first_line(progress, 400)))
 
     def v2_playbook_on_stats(self, stats):
-        if not self._rows and not (self._seen_restart and self._failures):
+        if self._targets is None and not self._rows and not self._fact_rows and not self._seen_restart:
+            return  # not restart.yml
+        if not self._prints():
             return
-        rows = dict(self._rows)
-        for host, task in self._failures.items():
-            rows.setdefault(host, {"host": host, "result": "failed", "failed_task": task})
-            if rows[host].get("result") != "failed":
-                rows[host]["result"] = "failed"
-        ordered = [rows[h] for h in sorted(rows)]
-        table = _load_table()(ordered)
-        failed = ["%s: %s" % (r["host"], r.get("failed_task")) for r in ordered
-                  if r.get("result") == "failed" and r.get("failed_task")]
+        rows = build_rows(self._targets, self._rows, self._fact_rows, self._unreachable, self._failed)
         self._display.banner("GPUFLEET SUMMARY")
-        self._display.display(table)
-        for line in failed:
-            self._display.display("failed " + line)
+        if rows:
+            self._display.display(render(rows, _load_table()))
+        else:
+            self._display.display("no host was restarted")
+        for message in self._guard_failures:
+            self._display.display("refused before touching any host: %s" % _first_line(message, 600))

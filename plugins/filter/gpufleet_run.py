@@ -1,0 +1,365 @@
+"""gpufleet run filters: the guards every playbook runs first, and restart.yml's summary rows.
+
+Used by playbooks/tasks/guards.yml (the first play of every playbook). Plain functions, unit-tested in
+tests/unit/test_filter_gpufleet_run.py.
+
+AWX surveys pass every answer as an extra variable, and an optional question left blank arrives as ``""``.
+Extra variables win over every other source (inventory, play vars, set_fact), so a blank answer cannot be
+replaced by the inventory's value: ``""`` (and null) count as *unset*, i.e. the variable's documented
+default.
+
+- ``gpufleet_unset(value)`` → bool: None, ``""`` or only whitespace.
+- ``gpufleet_serial_error(value)`` → str: why ``gpufleet_serial`` is not a valid ``serial`` ('' when valid).
+- ``gpufleet_serial_value(value)`` → int|str|list: what ``serial:`` gets (1 when unset or invalid, so the
+  play's ``serial`` never raises; the guard play has failed already in that case).
+- ``gpufleet_guard_errors(values, host=None)`` → list of str: type errors of survey variables, each naming the
+  variable the user set.
+- ``gpufleet_guard_report(hostvars, hosts)`` → list of str: those errors over the targeted hosts, de-duplicated.
+- ``gpufleet_guard_deprecations(hostvars, hosts)`` → list of str: deprecated variables in use.
+- ``gpufleet_rows(hosts, result, cause, phase, advice)`` → dict: summary rows for hosts not restarted.
+- ``gpufleet_restart_row(facts)`` → dict: one host's row from its facts (restart.yml's always: section).
+- ``gpufleet_preflight_rows(hostvars, targets, play_hosts_all, play_hosts)`` → dict: rows after a refusal.
+- ``gpufleet_not_started_rows(hostvars, play_hosts_all, batch, stopped_at, result)`` → dict: later hosts.
+"""
+from __future__ import annotations
+
+import re
+
+_INT = re.compile(r"^\s*[0-9]+\s*$")
+_PCT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+_BOOL_WORDS = ("yes", "no", "true", "false", "on", "off", "y", "n", "t", "f", "1", "0")
+
+
+def gpufleet_unset(value):
+    """True when a variable counts as not set: None, or a string that is empty after stripping whitespace."""
+    if value is None:
+        return True
+    return isinstance(value, str) and not value.strip()
+
+
+def _serial_item_error(item):
+    if isinstance(item, bool):
+        return "%r is a boolean" % (item,)
+    if isinstance(item, int):
+        return "" if item >= 1 else "%d is below 1" % item
+    if isinstance(item, float):
+        return "%r is not a whole number (write %d or a percentage like \"25%%\")" % (item, int(item))
+    if isinstance(item, str):
+        if _INT.match(item):
+            return "" if int(item) >= 1 else "%r is below 1" % item
+        match = _PCT.match(item)
+        if match:
+            pct = float(match.group(1))
+            return "" if 0 < pct <= 100 else "%r is not a percentage between 0 and 100 %%" % item
+        return "%r is neither a number of hosts nor a percentage" % item
+    return "%r is a %s" % (item, type(item).__name__)
+
+
+def gpufleet_serial_error(value):
+    """Why ``value`` is not a valid ``gpufleet_serial`` ('' when it is valid or unset).
+
+    Valid: a whole number ≥ 1 (``2``, ``"2"``), a percentage of the targeted hosts ``"25%"`` (0 < p ≤ 100;
+    Ansible rounds down, at least 1 host), or a non-empty list of those (batch sizes in order, the last one
+    repeats: Ansible's ``serial`` list).
+    """
+    if gpufleet_unset(value):
+        return ""
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if isinstance(value, dict):
+        items = [value]
+    if not items:
+        return "gpufleet_serial is an empty list; give a number of hosts (1), a percentage (\"25%\") or a list of those"
+    problems = [p for p in (_serial_item_error(i) for i in items) if p]
+    if not problems:
+        return ""
+    return ("gpufleet_serial=%s is not valid: %s. Give a number of hosts per batch (1, 2, ...), a percentage of "
+            "the targeted hosts (\"25%%\") or a list of those ([1, \"50%%\"]); leave it empty for 1"
+            % (_show(value), "; ".join(problems)))
+
+
+def gpufleet_serial_value(value):
+    """``serial:`` for the rolling play: ``value`` when valid, else 1 (unset, empty survey answer, or invalid)."""
+    if gpufleet_unset(value) or gpufleet_serial_error(value):
+        return 1
+    if isinstance(value, (list, tuple)):
+        return [i.strip() if isinstance(i, str) else i for i in value]
+    return value.strip() if isinstance(value, str) else value
+
+
+def _show(value):
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _int_error(name, value, low, high, hint):
+    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+        return "%s=%s is not a whole number; %s" % (name, _show(value), hint)
+    try:
+        number = int(str(value).strip()) if not isinstance(value, (int, float)) else int(value)
+    except ValueError:
+        return "%s=%s is not a whole number; %s" % (name, _show(value), hint)
+    if number < low or (high is not None and number > high):
+        return "%s=%s is out of range (%d%s); %s" % (
+            name, _show(value), low, "-%d" % high if high is not None else " or more", hint)
+    return ""
+
+
+def gpufleet_guard_errors(values, host=None):
+    """Type errors of the survey variables in ``values`` (mapping variable name → value, e.g. a host's
+    ``hostvars[host]``), each naming the
+    variable as the user set it and saying what to set instead. Unset values (None, ``""``) are fine.
+
+    Checked: ``gpufleet_serial`` (see :func:`gpufleet_serial_error`), ``sglang_port`` (whole number 1-65535),
+    ``gpufleet_lock_lease_s`` and the deprecated ``gpufleet_lock_stale_s`` (whole number of seconds ≥ 1),
+    ``sglang_verify_throughput`` (a boolean or yes/no/true/false/on/off/1/0), ``target`` (a string: a host,
+    group or pattern). ``host`` (str) prefixes each message when given.
+    """
+    # .get only: ``values`` may be a host's hostvars, whose other entries are templated only when read.
+    values = values if values is not None else {}
+    errors = []
+    serial = gpufleet_serial_error(values.get("gpufleet_serial"))
+    if serial:
+        errors.append(serial)
+    port = values.get("sglang_port")
+    if not gpufleet_unset(port):
+        problem = _int_error("sglang_port", port, 1, 65535, "give the HTTP port SGLang listens on, or leave it "
+                                                           "empty for the inventory's (default 30000)")
+        if problem:
+            errors.append(problem)
+    for name in ("gpufleet_lock_lease_s", "gpufleet_lock_stale_s"):
+        lease = values.get(name)
+        if not gpufleet_unset(lease):
+            problem = _int_error(name, lease, 1, None, "give seconds (e.g. 300), or leave it empty for the default")
+            if problem:
+                errors.append(problem)
+    throughput = values.get("sglang_verify_throughput")
+    if not gpufleet_unset(throughput) and not isinstance(throughput, bool) and \
+            str(throughput).strip().lower() not in _BOOL_WORDS:
+        errors.append("sglang_verify_throughput=%s is not a boolean; give true or false (yes/no), or leave it empty "
+                      "for false" % _show(throughput))
+    target = values.get("target")
+    if not gpufleet_unset(target) and not isinstance(target, str):
+        errors.append("target=%s is a %s; give a host, a group or an Ansible host pattern as text "
+                      "(e.g. gpu-01 or 'gpu_hosts:!gpu-07')" % (_show(target), type(target).__name__))
+    if host:
+        errors = ["%s: %s" % (host, e) for e in errors]
+    return errors
+
+
+def gpufleet_guard_report(hostvars, hosts):
+    """:func:`gpufleet_guard_errors` over ``hosts`` (list of names) read from ``hostvars``: one message per
+    distinct problem, suffixed with the hosts it concerns when it does not concern them all."""
+    hosts = list(hosts or [])
+    seen = {}
+    for host in hosts:
+        for message in gpufleet_guard_errors(hostvars[host]):
+            seen.setdefault(message, []).append(host)
+    report = []
+    for message, where in seen.items():
+        if len(where) < len(hosts):
+            message += " (on %s)" % ", ".join(where[:10]) + (" and %d more" % (len(where) - 10) if len(where) > 10 else "")
+        report.append(message)
+    return report
+
+
+def gpufleet_guard_deprecations(hostvars, hosts):
+    """Deprecation notices for variables set on any of ``hosts``: ``gpufleet_lock_stale_s`` (use
+    ``gpufleet_lock_lease_s``; the old value is still used as the lease when the new name is unset)."""
+    for host in hosts or []:
+        values = hostvars[host]
+        if not gpufleet_unset(values.get("gpufleet_lock_stale_s")):
+            return ["gpufleet_lock_stale_s is deprecated: set gpufleet_lock_lease_s instead (the restart lock is a "
+                    "lease the running restart renews; a stopped run's lock is taken over once the lease expired). "
+                    "Its value is used as the lease while gpufleet_lock_lease_s is unset."]
+    return []
+
+
+# The summary row's keys (playbooks/restart.yml, the gpufleet_summary callback, AWX's gpufleet_restart).
+ROW_KEYS = ("host", "result", "phase", "cause", "advice", "rollback", "downtime_s", "still_down",
+            "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
+
+
+def gpufleet_rows(hosts, result, cause="", phase=None, advice=None):
+    """Summary rows for hosts the run did not restart: ``{host: row}`` with every key of ``ROW_KEYS``
+    (``result`` e.g. not_reached, not_started, refused; ``cause`` one line; the rest null)."""
+    rows = {}
+    for host in hosts or []:
+        row = dict.fromkeys(ROW_KEYS)
+        row.update(host=str(host), result=result, cause=cause or None, phase=phase, advice=advice)
+        rows[str(host)] = row
+    return rows
+
+
+def _first_line(text, limit=300):
+    if text is None:
+        return None
+    line = " ".join(str(text).strip().split("\n")[0].split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _one_line(text, limit=300):
+    """``text`` (a str, or a list of lines as assert's fail_msg gives) as one line of at most ``limit`` chars."""
+    if text is None:
+        return None
+    if isinstance(text, (list, tuple)):
+        text = " ".join(str(t) for t in text)
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _num(value):
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _pid(value):
+    try:
+        pid = int(str(value).strip())
+    except (TypeError, ValueError):
+        return None
+    return pid if pid > 0 else None
+
+
+def gpufleet_restart_row(facts):
+    """The summary row of one host of restart.yml's rolling play, from its facts.
+
+    ``facts`` (mapping; every key optional): ``host``; ``check_mode`` (bool); ``now`` (controller epoch s);
+    ``failed_phase`` (stop|wait|patch|launch|verify|lock), ``failed_cause`` (one line in the user's words) and
+    ``rollback`` ({state: rolled_back|file_only|failed|not_needed, detail}) set by the rescue; ``failed_msg``
+    (the failing task's message, used when there is no failed_cause); ``phase`` (last phase started);
+    ``lock_refused`` (message when another run holds the lock); ``stop_started_epoch``, ``ready_epoch``
+    (controller epoch s); ``stop_old_pid``; ``stop_signalled`` (number of processes the stop signalled);
+    ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s).
+
+    Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
+    ``advice`` (what to do next); ``rollback`` ("state: detail"); ``downtime_s`` (s from the start of the stop
+    until a server answered again; 0.0 when no server ran before; for a host still down: so far, with
+    ``still_down`` true; null when nothing was stopped); ``release_wait_ms``, ``tokens_per_s``, ``nccl``
+    (ok|fail|null), ``old_pid``, ``new_pid``.
+    """
+    f = dict(facts or {})
+    host = str(f.get("host") or "?")
+    check = bool(f.get("check_mode"))
+    rollback = f.get("rollback") if isinstance(f.get("rollback"), dict) else None
+    rb_state = (rollback or {}).get("state")
+    failed = bool(f.get("failed_phase") or f.get("failed_cause") or f.get("failed_msg"))
+    stop_at = _num(f.get("stop_started_epoch"))
+    ready_at = _num(f.get("ready_epoch"))
+    now = _num(f.get("now"))
+    old_pid = _pid(f.get("stop_old_pid"))
+    was_serving = old_pid is not None or bool(_num(f.get("stop_signalled")))
+    stopped = stop_at is not None and not check
+    rerun = "rerun playbooks/restart.yml -e target=%s" % host
+    row = dict.fromkeys(ROW_KEYS)
+    row["host"] = host
+    if f.get("lock_refused"):
+        row.update(result="refused", phase="lock", cause=_first_line(f["lock_refused"], 400),
+                   advice="another run is restarting this host: wait for it, or for its lease to end; if it is "
+                          "certainly gone, run playbooks/unlock.yml -e target=%s" % host)
+        return row
+    if not failed:
+        row["result"] = "check" if check else "ok"
+        serving = True
+    else:
+        row["result"] = "rolled_back" if rb_state == "rolled_back" else "failed"
+        row["phase"] = f.get("failed_phase") or f.get("phase")
+        cause = _first_line(f.get("failed_cause"))
+        if not cause or cause.endswith(":"):
+            # A message whose first line only introduces the rest ("Validation of arguments failed:"): all of it.
+            cause = _one_line(f.get("failed_msg")) or cause
+        row["cause"] = cause
+        if rollback:
+            row["rollback"] = "%s: %s" % (rb_state, _first_line(rollback.get("detail") or "", 400))
+        if rb_state == "rolled_back":
+            serving = True
+        elif rb_state in ("failed", "file_only"):
+            serving = False
+        else:
+            serving = ready_at is not None or not stopped
+    if stopped:
+        if not was_serving:
+            row["downtime_s"] = 0.0  # nothing served before this run: no service was interrupted
+        elif ready_at is not None and rb_state not in ("rolled_back", "failed", "file_only"):
+            row["downtime_s"] = round(max(ready_at - stop_at, 0.0), 1)
+        elif now is not None:
+            row["downtime_s"] = round(max(now - stop_at, 0.0), 1)
+        row["still_down"] = bool(was_serving and not serving) or (not serving and failed)
+    if failed:
+        if not stopped:
+            row["advice"] = ("nothing was stopped%s: fix the cause, then %s"
+                             % ("" if check else ": the old server still serves", rerun))
+        elif rb_state == "rolled_back":
+            row["advice"] = "the previous server serves again (rolled back): fix the cause, then %s" % rerun
+        elif serving:
+            row["advice"] = ("the new server serves but did not pass verification: fix the cause, then %s"
+                             % rerun)
+        else:
+            row["advice"] = ("this host serves nothing now: fix the cause, then %s (playbooks/check.yml shows "
+                             "its state)" % rerun)
+    row["release_wait_ms"] = _num(f.get("release_wait_ms"))
+    row["tokens_per_s"] = _num(f.get("tokens_per_s"))
+    nccl = f.get("nccl_ok")
+    row["nccl"] = None if nccl is None or check else ("ok" if str(nccl).lower() in ("true", "1", "yes") else "fail")
+    row["old_pid"] = old_pid
+    row["new_pid"] = None if check else _pid(f.get("new_pid"))
+    return row
+
+
+def gpufleet_preflight_rows(hostvars, targets, play_hosts_all, play_hosts):
+    """Rows for restart.yml's preflight verdict: ``{host: row}`` for every targeted host.
+
+    A host with the fact ``_gpufleet_refused`` (the refusal message) is ``refused``; one of ``play_hosts_all``
+    missing from ``play_hosts`` (it went unreachable) is ``unreachable``; every other host is ``not_started``
+    with the refused hosts named. Returns {} when no host was refused or lost.
+    """
+    refused = {}
+    lost = []
+    for host in targets or []:
+        message = hostvars[host].get("_gpufleet_refused")
+        if message:
+            refused[host] = _first_line(message, 600)
+        elif host in (play_hosts_all or []) and host not in (play_hosts or []):
+            lost.append(host)
+    if not refused and not lost:
+        return {}
+    names = list(refused) + lost
+    rows = gpufleet_rows([h for h in targets if h not in names], "not_started",
+                         cause="preflight stopped the run before any host was touched (%s)" % ", ".join(names),
+                         advice="nothing was changed on this host")
+    rows.update(gpufleet_rows(lost, "unreachable", phase="preflight",
+                              cause="could not be reached during preflight",
+                              advice="nothing was changed on this host: check ssh, then rerun"))
+    for host, message in refused.items():
+        rows.update(gpufleet_rows([host], "refused", phase="preflight", cause=message,
+                                  advice="the old server still serves: fix what the cause names, then rerun"))
+    return rows
+
+
+def gpufleet_not_started_rows(hostvars, play_hosts_all, batch, stopped_at, result):
+    """Rows for the hosts a stopped rolling restart will not start: hosts of ``play_hosts_all`` outside the
+    current ``batch`` that have no ``gpufleet_summary_row`` fact yet. ``stopped_at``: the host that failed;
+    ``result``: its result."""
+    later = [h for h in play_hosts_all or [] if h not in (batch or []) and not hostvars[h].get("gpufleet_summary_row")]
+    return gpufleet_rows(later, "not_started", cause="the rolling restart stopped at %s (%s)" % (stopped_at, result),
+                         advice="nothing was changed on this host: rerun once %s is fixed" % stopped_at)
+
+
+class FilterModule(object):
+    """gpufleet guard filters."""
+
+    def filters(self):
+        return {
+            "gpufleet_unset": gpufleet_unset,
+            "gpufleet_serial_error": gpufleet_serial_error,
+            "gpufleet_serial_value": gpufleet_serial_value,
+            "gpufleet_guard_errors": gpufleet_guard_errors,
+            "gpufleet_guard_report": gpufleet_guard_report,
+            "gpufleet_rows": gpufleet_rows,
+            "gpufleet_restart_row": gpufleet_restart_row,
+            "gpufleet_preflight_rows": gpufleet_preflight_rows,
+            "gpufleet_not_started_rows": gpufleet_not_started_rows,
+            "gpufleet_guard_deprecations": gpufleet_guard_deprecations,
+        }

@@ -1,0 +1,150 @@
+"""plugins/filter/gpufleet_run.py: the guards' checks of survey answers and restart.yml's summary rows."""
+import importlib.util
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gpufleet_run_filters", ROOT / "plugins" / "filter" / "gpufleet_run.py")
+run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run)
+
+
+@pytest.mark.parametrize("value", [None, "", "  ", 1, "2", " 3 ", "25%", "0.5%", "100%", [1, "50%"], ("2", 5)])
+def test_valid_serial_values_pass(value):
+    assert run.gpufleet_serial_error(value) == ""
+
+
+@pytest.mark.parametrize("value,word", [
+    ("abc", "'abc' is neither a number of hosts nor a percentage"),
+    (0, "below 1"), ("0", "below 1"), ("150%", "between 0 and 100"), ("0%", "between 0 and 100"),
+    (2.5, "not a whole number"), (True, "boolean"), ([1, "x"], "'x'"), ([], "empty list"),
+    ({"a": 1}, "dict"),
+])
+def test_invalid_serial_values_are_named_with_what_to_give(value, word):
+    message = run.gpufleet_serial_error(value)
+    assert message.startswith("gpufleet_serial") and word in message, message
+    assert run.gpufleet_serial_value(value) == 1
+
+
+def test_serial_value_keeps_valid_values_and_defaults_unset_to_one():
+    assert run.gpufleet_serial_value("") == 1
+    assert run.gpufleet_serial_value(None) == 1
+    assert run.gpufleet_serial_value(" 25% ") == "25%"
+    assert run.gpufleet_serial_value([1, " 50% "]) == [1, "50%"]
+    assert run.gpufleet_serial_value(3) == 3
+
+
+def test_empty_survey_answers_are_unset_and_pass():
+    values = {"gpufleet_serial": "", "sglang_port": "", "target": "", "sglang_verify_throughput": "",
+              "gpufleet_lock_lease_s": ""}
+    assert run.gpufleet_guard_errors(values) == []
+
+
+@pytest.mark.parametrize("name,value,word", [
+    ("sglang_port", "abc", "sglang_port='abc' is not a whole number"),
+    ("sglang_port", 70000, "sglang_port=70000 is out of range (1-65535)"),
+    ("sglang_port", True, "sglang_port=True is not a whole number"),
+    ("gpufleet_lock_lease_s", "0", "gpufleet_lock_lease_s='0' is out of range (1 or more)"),
+    ("gpufleet_lock_stale_s", "soon", "gpufleet_lock_stale_s='soon' is not a whole number"),
+    ("sglang_verify_throughput", "maybe", "sglang_verify_throughput='maybe' is not a boolean"),
+    ("target", ["a", "b"], "target=['a', 'b'] is a list"),
+])
+def test_type_errors_name_the_variable_the_user_set(name, value, word):
+    [message] = run.gpufleet_guard_errors({name: value})
+    assert word in message, message
+
+
+def test_good_values_pass():
+    assert run.gpufleet_guard_errors({"sglang_port": "30001", "gpufleet_lock_lease_s": 20,
+                                      "sglang_verify_throughput": "yes", "target": "gpu_hosts:!gpu-07"}) == []
+
+
+def test_guard_report_names_hosts_only_when_not_all_are_concerned():
+    hostvars = {"h1": {"sglang_port": "x"}, "h2": {"sglang_port": "x"}, "h3": {"sglang_port": 30000}}
+    assert run.gpufleet_guard_report(hostvars, ["h1", "h2"]) == [run.gpufleet_guard_errors({"sglang_port": "x"})[0]]
+    [message] = run.gpufleet_guard_report(hostvars, ["h1", "h2", "h3"])
+    assert message.endswith("(on h1, h2)")
+
+
+def test_deprecated_stale_s_is_reported():
+    assert run.gpufleet_guard_deprecations({"h1": {"gpufleet_lock_stale_s": 7200}}, ["h1"])[0].startswith(
+        "gpufleet_lock_stale_s is deprecated: set gpufleet_lock_lease_s")
+    assert run.gpufleet_guard_deprecations({"h1": {}}, ["h1"]) == []
+
+
+# -- summary rows ------------------------------------------------------------------------------------
+
+BASE = {"host": "h1", "now": 1100.0, "stop_started_epoch": 1000.0, "stop_old_pid": 77, "stop_signalled": 9,
+        "release_wait_ms": 250, "new_pid": 88}
+
+
+def test_ok_row_counts_downtime_from_stop_to_ready():
+    row = run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.34, nccl_ok=True, tokens_per_s="340.1"))
+    assert row["result"] == "ok" and row["downtime_s"] == 12.3 and row["still_down"] is False
+    assert row["nccl"] == "ok" and row["tokens_per_s"] == 340.1 and row["old_pid"] == 77 and row["new_pid"] == 88
+    assert set(row) == set(run.ROW_KEYS)
+
+
+def test_first_run_without_an_old_server_has_no_downtime():
+    row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0))
+    assert row["downtime_s"] == 0.0 and row["old_pid"] is None and row["result"] == "ok"
+
+
+def test_failed_host_that_was_stopped_shows_downtime_so_far_and_still_down():
+    row = run.gpufleet_restart_row(dict(BASE, failed_phase="wait", failed_cause="GPU memory not released: GPU 3",
+                                        rollback={"state": "failed", "detail": "relaunch failed: port taken"},
+                                        new_pid=None))
+    assert row["result"] == "failed" and row["phase"] == "wait"
+    assert row["cause"] == "GPU memory not released: GPU 3"
+    assert row["downtime_s"] == 100.0 and row["still_down"] is True
+    assert row["rollback"] == "failed: relaunch failed: port taken"
+    assert "serves nothing" in row["advice"] and "-e target=h1" in row["advice"]
+
+
+def test_rolled_back_host_serves_again():
+    row = run.gpufleet_restart_row(dict(BASE, failed_phase="launch", failed_cause="exit code 1",
+                                        rollback={"state": "rolled_back", "detail": "previous server 99 serves"}))
+    assert row["result"] == "rolled_back" and row["still_down"] is False and row["downtime_s"] == 100.0
+    assert "serves again" in row["advice"]
+
+
+def test_failure_before_the_stop_says_the_old_server_still_serves():
+    row = run.gpufleet_restart_row({"host": "h1", "failed_phase": "stop", "failed_msg": "boom",
+                                    "rollback": {"state": "not_needed", "detail": "x"}})
+    assert row["result"] == "failed" and row["downtime_s"] is None and "still serves" in row["advice"]
+
+
+def test_cause_falls_back_to_the_whole_message_when_its_first_line_only_introduces_it():
+    row = run.gpufleet_restart_row(dict(BASE, failed_phase="verify", failed_cause="Validation of arguments failed:",
+                                        failed_msg="Validation of arguments failed:\nargument 'x' is bad"))
+    assert row["cause"] == "Validation of arguments failed: argument 'x' is bad"
+
+
+def test_lock_refusal_row():
+    row = run.gpufleet_restart_row({"host": "h1", "lock_refused": "h1: locked by another restart: run 7"})
+    assert row["result"] == "refused" and row["phase"] == "lock" and "unlock.yml -e target=h1" in row["advice"]
+
+
+def test_check_mode_row():
+    row = run.gpufleet_restart_row(dict(BASE, check_mode=True, ready_epoch=None, nccl_ok=True))
+    assert row["result"] == "check" and row["downtime_s"] is None and row["new_pid"] is None and row["nccl"] is None
+
+
+def test_preflight_rows_name_refused_unreachable_and_not_started_hosts():
+    hostvars = {"h1": {}, "h2": {"_gpufleet_refused": "preflight refused the host: port 30000 held by pid 5"},
+                "h3": {}, "h4": {}}
+    rows = run.gpufleet_preflight_rows(hostvars, ["h1", "h2", "h3", "h4"], ["h1", "h2", "h3", "h4"],
+                                       ["h1", "h2", "h4"])
+    assert rows["h2"]["result"] == "refused" and "port 30000" in rows["h2"]["cause"]
+    assert rows["h3"]["result"] == "unreachable" and rows["h3"]["phase"] == "preflight"
+    assert rows["h1"]["result"] == rows["h4"]["result"] == "not_started"
+    assert "h2" in rows["h1"]["cause"] and "h3" in rows["h1"]["cause"]
+    assert run.gpufleet_preflight_rows({"h1": {}}, ["h1"], ["h1"], ["h1"]) == {}
+
+
+def test_not_started_rows_are_the_later_batches_only():
+    hostvars = {"h1": {"gpufleet_summary_row": {"result": "ok"}}, "h2": {}, "h3": {}, "h4": {}}
+    rows = run.gpufleet_not_started_rows(hostvars, ["h1", "h2", "h3", "h4"], ["h2"], "h2", "failed")
+    assert sorted(rows) == ["h3", "h4"] and rows["h3"]["result"] == "not_started"
+    assert "stopped at h2 (failed)" in rows["h3"]["cause"]
