@@ -8,7 +8,10 @@ Asserted on ansible-runner events: the verdict task (``Stop here if anything wou
 passes or fails per host with a message naming the problem, the module results carry the facts behind it,
 and nothing is changed on any host (runner stats).
 """
+import json
 import os
+import shlex
+import time
 
 import pytest
 
@@ -28,8 +31,8 @@ def fleet(request):
         pytest.skip("the lab fixture (tests/integration/conftest.py) is not available")
 
 
-def run(lab, extravars=None, cmdline=None):
-    return lab.run_playbook(PLAYBOOK, extravars=extravars or {}, cmdline=cmdline)
+def run(lab, extravars=None, cmdline=None, limit=None):
+    return lab.run_playbook(PLAYBOOK, extravars=extravars or {}, cmdline=cmdline, limit=limit)
 
 
 def task_events(runner, task):
@@ -43,12 +46,14 @@ def task_events(runner, task):
 
 
 def module_results(runner, action):
+    """host -> result of the first task running module ``action`` (sglang_host_info runs twice: the second only
+    checks write access to engine.py)."""
     found = {}
     for event in runner.events:
         data = event.get("event_data", {})
         if event.get("event") in ("runner_on_ok", "runner_on_failed") and \
                 data.get("task_action", "").endswith(action):
-            found[data["host"]] = data.get("res", {})
+            found.setdefault(data["host"], data.get("res", {}))
     return found
 
 
@@ -192,3 +197,256 @@ def test_missing_nccl_anchor_fails_naming_the_file(fleet):
     for res in module_results(runner, "sglang_nccl_patch").values():
         assert res["changed"] is False
     assert_nothing_changed(runner)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Foresight (issue 10, findings 1, 2, 3, 13): what would fail after the stop is refused before it, while the old
+# server still serves. Each test starts a stand-in server on one host (with the pid file sglang_launch writes),
+# runs restart.yml against that host and asserts the refusal, that the stop never ran, and that the same server
+# processes still answer /health_generate.
+
+RESTART = os.environ.get("D1TMP", "playbooks/restart.yml")
+REAL_STOP = "Stop the server and SGLang leftovers"
+SGLANG_PS = ("import json, os, re\n"
+             "pat = re.compile(r'sglang::|sglang\\.launch_server')\n"
+             "out = []\n"
+             "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+             "    try:\n"
+             "        cmd = open('/proc/%s/cmdline' % p, 'rb').read().replace(b'\\0', b' ').decode('utf-8', 'replace')\n"
+             "    except OSError:\n"
+             "        continue\n"
+             "    if pat.search(cmd) and int(p) != os.getpid(): out.append(int(p))\n"
+             "print(json.dumps(sorted(out)))\n")
+# A GPU job that is not SGLang: opens /dev/nvidia<N>, registers MiB with the host's simulated GPUs (gpusimd records
+# the connecting pid, as the driver records a CUDA context's process), then optionally drops to another uid.
+HOLDER = ("import os, sys, time\n"
+          "sys.path.insert(0, sys.argv[4])\n"
+          "import gpusim\n"
+          "fd = os.open('/dev/nvidia%d' % int(sys.argv[1]), os.O_RDWR)\n"
+          "sock = gpusim.hold(int(sys.argv[1]), int(sys.argv[2]))\n"
+          "uid = int(sys.argv[3])\n"
+          "if uid:\n"
+          "    os.setgid(uid); os.setuid(uid)\n"
+          "print('holding', flush=True)\n"
+          "time.sleep(600)\n")
+LAB_TOOLS = os.path.join(ROOT, "tests", "lab")
+
+
+def sglang_pids(lab, host):
+    res = lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", SGLANG_PS], check=True)
+    return set(json.loads(res.stdout))
+
+
+@pytest.fixture
+def serving(fleet):
+    """(host, pids): a stand-in server on the last lab host, ready, with the pid file sglang_launch would write."""
+    host = sorted(fleet.hosts)[-1]
+    assert sglang_pids(fleet, host) == set(), "%s already runs SGLang processes" % host
+    state = fleet.host_vars(host)["sglang_state_dir"]
+    pid = fleet.start_standin(host)
+    fleet.exec(host, ["sh", "-c", 'mkdir -p "$1" && echo "$2" > "$1/sglang.pid"', "sh", state, str(pid)], check=True)
+    try:
+        assert fleet.wait_http(host, timeout_s=60) == 200
+        pids = sglang_pids(fleet, host)
+        assert pid in pids and len(pids) >= 9  # main, 8 TP workers, detokenizer
+        yield host, pids
+    finally:
+        fleet.exec(host, ["kill", "-TERM", str(pid)])
+        deadline = time.time() + 30
+        while time.time() < deadline and sglang_pids(fleet, host):
+            time.sleep(0.2)
+        for left in sglang_pids(fleet, host):
+            fleet.exec(host, ["kill", "-KILL", str(left)])
+        fleet.exec(host, ["rm", "-f", "%s/sglang.pid" % state])
+        deadline = time.time() + 10
+        while time.time() < deadline and any(g["used_mib"] for g in fleet.gpus(host)):
+            time.sleep(0.1)
+
+
+def assert_refused_and_still_serving(lab, runner, host, pids, *expected):
+    """The run failed in preflight on ``host`` naming ``expected``; the stop never ran; the same server serves."""
+    assert runner.status == "failed"
+    messages = verdict_messages(runner)
+    assert list(messages) == [host], messages
+    for text in expected:
+        assert text in messages[host]
+    assert [d for d in lab.events(runner, "runner_on_ok") + lab.events(runner, "runner_on_failed")
+            if d.get("task") == REAL_STOP] == []
+    refusal = [d["res"]["ansible_facts"]["gpufleet_preflight_refusal"] for d in lab.events(runner, "runner_on_ok")
+               if d.get("task") == "Put the refusal in one line for the summary" and d["host"] == host]
+    assert len(refusal) == 1 and "\n" not in refusal[0] and expected[0] in refusal[0]
+    assert sglang_pids(lab, host) == pids
+    assert lab.wait_http(host, timeout_s=5) == 200
+    return messages[host]
+
+
+def start_holder(lab, host, gpu, mib, uid=0):
+    """A foreign GPU job on ``host``: pid (host PID namespace) of a process holding ``mib`` MiB on ``gpu``."""
+    python = lab.host_vars(host)["sglang_python"]
+    script = "setsid %s -c %s %d %d %d %s </dev/null >/dev/null 2>&1 & echo $!" % (
+        python, shlex.quote(HOLDER), gpu, mib, uid, shlex.quote(LAB_TOOLS))
+    pid = int(lab.exec(host, ["sh", "-c", script], check=True).stdout.split()[-1])
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        apps = [a["pid"] for a in lab.gpus(host)[gpu]["apps"]]
+        if pid in apps:
+            return pid
+        time.sleep(0.1)
+    raise AssertionError("holder did not register on %s" % host)
+
+
+@pytest.mark.parametrize("uid,user", [(0, "root"), (65534, "nobody")], ids=["same-user", "other-user"])
+def test_foreign_gpu_job_refuses_the_host_before_the_stop_and_the_server_keeps_serving(fleet, serving, uid, user):
+    host, pids = serving
+    holder = start_holder(fleet, host, 3, 20000, uid)
+    try:
+        runner = fleet.run_playbook(RESTART, limit=host)
+        text = assert_refused_and_still_serving(
+            fleet, runner, host, pids,
+            "GPU memory held by a process the stop will not end: pid %d (user %s) holds 20000 MiB on GPU 3" % (holder, user),
+            "gpufleet_preflight_gpu_holders=warn")
+        assert "sglang::scheduler" not in text  # the server's own workers are expected to go
+        facts = module_results(runner, "sglang_host_info")[host]
+        after = facts["gpu_after_stop"]
+        assert [h["pid"] for h in after["holders"]] == [holder] and after["unexplained"] == []
+        gpu3 = [g for g in after["gpus"] if g["index"] == 3][0]
+        assert gpu3["stop_set_mib"] == 120000 and gpu3["remaining_mib"] > 20000
+        assert pids <= set(facts["stop_pids"]) and holder not in facts["stop_pids"]
+    finally:
+        fleet.exec(host, ["kill", "-KILL", str(holder)])
+
+
+def test_foreign_gpu_job_with_warn_is_reported_and_preflight_passes(fleet, serving):
+    host, pids = serving
+    holder = start_holder(fleet, host, 5, 1000, 65534)
+    try:
+        runner = run(fleet, {"gpufleet_preflight_gpu_holders": "warn"}, limit=host)
+        assert task_events(runner, VERDICT)[host][0] == "runner_on_ok"
+        warned = [d["res"]["msg"] for d in fleet.events(runner, "runner_on_ok")
+                  if d["host"] == host and d.get("task", "").startswith("Warn about GPU holders")]
+        assert len(warned) == 1 and "WARNING: GPU memory held by a process the stop will not end: pid %d" % holder \
+            in warned[0][0]
+        assert sglang_pids(fleet, host) == pids
+    finally:
+        fleet.exec(host, ["kill", "-KILL", str(holder)])
+
+
+@pytest.mark.lab_only_once
+def test_driver_error_refuses_the_host_while_the_old_server_serves(fleet, serving):
+    host, pids = serving
+    smi = os.path.join(fleet.host_dirs[host], "bin", "nvidia-smi")
+    with open(smi, "rb") as fh:
+        original = fh.read()
+    mode = os.stat(smi).st_mode
+    # What nvidia-smi prints when the kernel driver does not answer (rc 9); the running server keeps its GPUs.
+    broken = ("#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+              "Make sure that the latest NVIDIA driver is installed and running.\"\nexit 9\n")
+    try:
+        with open(smi, "w") as fh:
+            fh.write(broken)
+        runner = fleet.run_playbook(RESTART, limit=host)
+    finally:
+        with open(smi, "wb") as fh:
+            fh.write(original)
+        os.chmod(smi, mode)
+    text = assert_refused_and_still_serving(fleet, runner, host, pids, "GPUs not usable: ")
+    assert "communicate with the NVIDIA driver" in text or "driver" in text.lower()
+
+
+@pytest.mark.lab_only_once
+def test_unwritable_engine_py_refuses_the_host_naming_the_user_and_the_remedy(fleet, serving):
+    host, pids = serving
+    python = fleet.host_vars(host)["sglang_python"]
+    locate = ("import importlib.util, os, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+              "print(os.path.join(importlib.util.find_spec('sglang').submodule_search_locations[0], 'srt', 'entrypoints'))")
+    entrypoints = fleet.exec(host, [python, "-c", locate], check=True).stdout.strip()
+    # A read-only bind mount in the host's own mount namespace: os.access(W_OK) says no and writes fail with
+    # EROFS, as for a root-owned virtualenv and a non-root ssh user (the lab logs in as root, which permissions
+    # would not stop).
+    fleet.exec(host, ["mount", "--bind", entrypoints, entrypoints], check=True)
+    try:
+        fleet.exec(host, ["mount", "-o", "remount,bind,ro", entrypoints], check=True)
+        # A variable no earlier run wrote: the patch would have to change engine.py.
+        env = {"GPUFLEET_PREFLIGHT_TEST": "ro-%d" % os.getpid()}
+        runner = fleet.run_playbook(RESTART, limit=host, extravars={"sglang_nccl_env": env})
+    finally:
+        fleet.exec(host, ["umount", entrypoints], check=True)
+    text = assert_refused_and_still_serving(
+        fleet, runner, host, pids, "NCCL patch could not write %s/engine.py" % entrypoints,
+        "read-only filesystem", "sglang_nccl_patch_become=true")
+    assert "make the SGLang virtualenv writable for root" in text
+
+
+def test_empty_model_directory_refuses_the_host(fleet, serving):
+    host, pids = serving
+    empty = os.path.join(fleet.host_dirs[host], "models", "unmounted-mount-point")
+    os.makedirs(empty, exist_ok=True)
+    try:
+        runner = fleet.run_playbook(RESTART, limit=host, extravars=with_launch_args({"model-path": empty}))
+    finally:
+        os.rmdir(empty)
+    assert_refused_and_still_serving(fleet, runner, host, pids,
+                                     "--model-path %s: holds no config.json" % empty, "mount or copy the model")
+
+
+def start_shm_holder(lab, host, title, mib):
+    """A process titled ``title`` holding /dev/shm/sgl_shm_preflight_live (``mib`` MiB, allocated); its pid."""
+    python = lab.host_vars(host)["sglang_python"]
+    code = ("import os, sys, time, setproctitle; setproctitle.setproctitle(sys.argv[1]); "
+            "fd = os.open('/dev/shm/sgl_shm_preflight_live', os.O_CREAT | os.O_RDWR, 0o600); "
+            "os.posix_fallocate(fd, 0, int(sys.argv[2]) << 20); open('/dev/shm/sgl_shm_preflight_live.ready', 'w'); "
+            "time.sleep(600)")
+    script = "setsid %s -c %s %s %d </dev/null >/dev/null 2>&1 & echo $!" % (
+        python, shlex.quote(code), shlex.quote(title), mib)
+    pid = int(lab.exec(host, ["sh", "-c", script], check=True).stdout.split()[-1])
+    deadline = time.time() + 10
+    while time.time() < deadline and lab.exec(host, ["test", "-e", "/dev/shm/sgl_shm_preflight_live.ready"]).returncode:
+        time.sleep(0.1)
+    assert lab.exec(host, ["test", "-e", "/dev/shm/sgl_shm_preflight_live.ready"]).returncode == 0, \
+        "%s could not allocate %d MiB in /dev/shm on %s" % (title, mib, host)
+    return pid
+
+
+def drop_shm_holder(lab, host, pid):
+    lab.exec(host, ["kill", "-KILL", str(pid)])
+    lab.exec(host, ["rm", "-f", "/dev/shm/sgl_shm_preflight_live", "/dev/shm/sgl_shm_preflight_live.ready"])
+
+
+def test_live_shm_segment_of_the_server_counts_as_freed_by_the_stop(fleet, serving):
+    host, pids = serving
+    # 700 MiB held by an SGLang process (the stop ends it, then removes the segment as stale) leaves less than the
+    # 512 MiB preflight needs in the host's 1024 MiB /dev/shm until the stop: it must not block the restart.
+    holder = start_shm_holder(fleet, host, "sglang::detokenizer", 700)
+    try:
+        runner = run(fleet, limit=host)
+        assert task_events(runner, VERDICT)[host][0] == "runner_on_ok"
+        facts = module_results(runner, "sglang_host_info")[host]
+        shm = facts["shm"]
+        assert holder in facts["stop_pids"]
+        assert shm["free_mib"] < 512 <= shm["free_after_stop_mib"]
+        assert shm["freed_by_stop_mib"] >= 700
+        assert "sgl_shm_preflight_live" not in [s["name"] for s in shm["kept_segments"]]
+    finally:
+        drop_shm_holder(fleet, host, holder)
+    # The same segment held by a process the stop spares blocks, naming who holds it.
+    holder = start_shm_holder(fleet, host, "python train.py", 700)
+    try:
+        runner = run(fleet, limit=host)
+        text = verdict_messages(runner)[host]
+        assert "sgl_shm_preflight_live (700.0 MiB, held by pids %d)" % holder in text
+        assert "once the stop has ended the old server and removed its segments; need 512 MiB" in text
+    finally:
+        drop_shm_holder(fleet, host, holder)
+    assert sglang_pids(fleet, host) == pids
+
+
+def test_empty_sglang_port_counts_as_unset_and_a_bad_one_is_named_as_the_user_set_it(fleet):
+    host = sorted(fleet.hosts)[0]
+    runner = fleet.run_playbook(PLAYBOOK, limit=host, extravars={"sglang_port": ""})
+    assert task_events(runner, VERDICT)[host][0] == "runner_on_ok"
+    assert module_results(runner, "sglang_host_info")[host]["port"]["port"] == 30000
+    runner = fleet.run_playbook(PLAYBOOK, limit=host, extravars={"sglang_port": "abc"})
+    (name, data), = task_events(runner, VARIABLES).values()
+    text = "\n".join(data["res"]["msg"])
+    assert name == "runner_on_failed" and 'sglang_port must be a port number between 1 and 65535, got "abc"' in text
+    assert "sglang_preflight_port" not in text
