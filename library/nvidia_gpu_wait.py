@@ -267,6 +267,7 @@ def timeout_message(outcome, gpus, max_used_mib, timeout_s, require_no_processes
         procs = gpu.get("processes") or []
         owners = [p for p in procs if any(s != "proc_fd" for s in p.get("source", ()))]
         others = [p for p in procs if p not in owners and p.get("kind") != "monitor"]
+        monitors = [p for p in procs if p not in owners and p.get("kind") == "monitor"]
         if owners:
             any_owner = True
             held = "held by " + "; ".join(_proc_text(p) for p in owners)
@@ -276,6 +277,9 @@ def timeout_message(outcome, gpus, max_used_mib, timeout_s, require_no_processes
                     % outcome.get("backend", "the backend"))
         if others:
             held += "; device also open in " + "; ".join(_proc_text(p) for p in others)
+        if monitors:
+            held += "; monitors with it open (they hold no memory, leave them): " + "; ".join(
+                _proc_text(p) for p in monitors)
         parts.append("GPU %d (%s): %s MiB used, %s" % (gpu["index"], gpu["uuid"], gpu["memory_used_mib"], held))
     condition = "at most %d MiB used%s per GPU" % (
         max_used_mib, " and no compute process" if require_no_processes else "")

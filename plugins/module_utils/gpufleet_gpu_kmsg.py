@@ -170,6 +170,16 @@ def read_xid_journal(window_min=60, journalctl="journalctl", timeout_s=10.0, run
             up = None
         events.append({"xid": code, "pci_bus_id": bus, "time": _iso(wall) if wall is not None else None,
                        "uptime_s": up, "text": msg.strip()})
+    if not out.strip():
+        # Nothing in the window: only "none" when the journal holds kernel messages at all (a container
+        # without journald, or a user without access, gets an empty answer with rc 0).
+        try:
+            rc, any_out, err = runner([journalctl, "-k", "-n", "1", "-o", "json", "--no-pager"], timeout_s)
+        except CallTimedOut:
+            raise OSError(errno.ETIMEDOUT, "journalctl -k did not answer in %.0f s" % timeout_s)
+        if rc != 0 or not any_out.strip():
+            raise OSError(errno.ENODATA, "the journal holds no kernel messages of this boot (journald does not "
+                                         "collect the kernel log here, or this user may not read it)")
     return events
 
 

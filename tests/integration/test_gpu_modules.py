@@ -25,7 +25,14 @@ GPU_FIELDS = {"index", "uuid", "name", "pci_bus_id", "minor_number", "memory_use
               "memory_reserved_mib", "utilization_gpu_pct", "temperature_gpu_c", "power_draw_w", "power_limit_w",
               "persistence_mode", "compute_mode", "ecc_errors_corrected_volatile_total",
               "ecc_errors_uncorrected_volatile_total", "remapped_rows_correctable", "remapped_rows_uncorrectable",
-              "remapped_rows_pending", "remapped_rows_failure", "processes"}
+              "remapped_rows_pending", "remapped_rows_failure", "processes",
+              # issue 9 health fields
+              "serial", "vbios_version", "temperature_memory_c", "pstate", "clocks_sm_mhz", "clocks_max_sm_mhz",
+              "clocks_event_reasons_mask", "clocks_event_reasons", "pcie_link_gen_current", "pcie_link_gen_max",
+              "pcie_link_width_current", "pcie_link_width_max", "mig_mode_current", "mig_mode_pending",
+              "ecc_mode_current", "ecc_errors_corrected_aggregate_total", "ecc_errors_uncorrected_aggregate_total",
+              "retired_pages_single_bit_ecc_count", "retired_pages_double_bit_ecc_count", "retired_pages_pending",
+              "unsupported", "nvlinks"}
 
 
 def args(**kw):
@@ -106,7 +113,12 @@ def test_info_reports_eight_h200_per_host_with_every_field(lab):
         # the simulated nvidia-persistenced holds /dev/nvidia0 and /dev/nvidiactl: found by the fd scan only
         holders = {h["pid"]: h for h in r["device_holders"]}
         monitor = [h for h in holders.values() if "nvidia-persistenced" in (h["cmdline"] or "")]
-        assert monitor and monitor[0]["gpu_indices"] == [0]
+        assert monitor and monitor[0]["gpu_indices"] == [0] and monitor[0]["kind"] == "monitor"
+        # health as the recorded idle H200 prints it; 18 NVLinks per GPU on the simulated HGX board
+        assert gpu["unsupported"]["retired_pages_pending"] == "[N/A]" and gpu["pcie_link_width_max"] == 16
+        assert len(gpu["nvlinks"]) == 18 and all(link["state"] == "active" for link in gpu["nvlinks"])
+        # lab hosts have no /dev/kmsg: Xid unknown, never "none"
+        assert r["xid_events"] is None and r["xid_status"] == "unknown"
         assert any(p["source"] == ["proc_fd"] and "nvidia-persistenced" in p["cmdline"]
                    for p in r["gpus"][0]["processes"])
 
@@ -149,7 +161,8 @@ def test_wait_fails_naming_holders_while_the_standin_holds_memory(lab, standin):
         worker = apps[sim["uuid"]][0]
         assert "GPU %d (%s): %d MiB used, held by pid %d (%d MiB): sglang::scheduler_TP%d" % (
             sim["index"], sim["uuid"], sim["used_mib"], worker["pid"], worker["used_mib"], sim["index"]) in msg
-    assert "device also open in" in msg and "nvidia-persistenced" in msg  # GPU 0's monitor, listed apart
+    # GPU 0's monitor, listed apart from the memory owners as a monitor
+    assert "monitors with it open (they hold no memory, leave them): pid" in msg and "nvidia-persistenced" in msg
 
 
 def test_wait_returns_once_the_standin_is_stopped_and_memory_is_free(lab, standin):
@@ -185,3 +198,126 @@ def test_playbook_wait_fails_on_the_busy_host_only(lab, standin):
     assert lab.ok_hosts(runner, "nvidia_gpu_wait") == set(lab.hosts) - {host}
     failed = [d for d in lab.events(runner, "runner_on_failed", "nvidia_gpu_wait")][0]
     assert "sglang::scheduler_TP0" in failed["res"]["msg"]
+
+
+# ------------------------------------------------------------------------------------------------ issue 9 knobs
+
+KMSG = "{{ lab_host_dir }}/kmsg"  # the simulated kernel log (gpusim.kmsg_path); lab hosts have no /dev/kmsg
+
+
+def with_faults(lab, per_host):
+    """Set per-host fault knobs; returns a function that clears them all again."""
+    for host, knobs in per_host.items():
+        lab.fault(host, **knobs)
+
+    def undo():
+        for host in per_host:
+            lab.clear_faults(host)
+    return undo
+
+
+def test_info_names_driver_failures_and_reads_health_faults_per_host(lab):
+    """One ad-hoc run per group of four knobs (one host each): driver failures fail with their class and the
+    driver's line first; health faults come back as fields; fewer GPUs than expected fails."""
+    h = lab.hosts
+    bus1 = lab.gpus(h[0])[1]["pci_bus_id"]
+    groups = [
+        ({h[0]: {"smi_rc": 18, "xid": 79}, h[1]: {"smi_rc": 255},
+          h[2]: {"ecc_errors": 4, "remap_pending": True, "throttle": "hw_slowdown", "mig_on": True,
+                 "nvlink_down": 3, "xid": [48]},
+          h[3]: {"gpus_visible": 6}},
+         {h[0]: ("driver_mismatch", "Failed to initialize NVML: Driver/library version mismatch"),
+          h[1]: ("device_handle_error", "Unable to determine the device handle for GPU %s: Unknown Error"
+                 % bus1[4:]),
+          h[2]: None,
+          h[3]: ("fewer_gpus", "nvidia-smi lists 6 GPUs, expected 8")}),
+        ({h[0]: {"smi_rc": 9}, h[1]: {"smi_rc": 6}, h[2]: {"smi_rc": 15},
+          h[3]: {"smi_field_values": {"memory.used": "[N/A]"}}},
+         {h[0]: ("driver_not_loaded", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"),
+          h[1]: ("no_devices", "No devices were found"),
+          h[2]: ("gpu_lost", "Unable to determine the device handle for GPU%s: GPU is lost." % bus1[4:]),
+          h[3]: None}),
+    ]
+    results_by_group = []
+    for knobs, expect in groups:
+        undo = with_faults(lab, knobs)
+        try:
+            runner = lab.run_module("nvidia_gpu_info", args(expected_count=8, processes=False, kmsg_path=KMSG))
+            res = results(lab, runner, "nvidia_gpu_info")
+        finally:
+            undo()
+        results_by_group.append(res)
+        for host, want in expect.items():
+            ok, r = res[host]
+            if want is None:
+                assert ok, r.get("msg")
+                continue
+            assert not ok and r["error_class"] == want[0], (host, r.get("error_class"), r.get("msg"))
+            assert r["msg"].startswith(want[1]), (host, r["msg"][:300])
+            assert "NVML: NVML" not in r["msg"] and "What to do" in r["msg"]
+    # group 1: the mismatch host's failure carries the Xid the kernel log holds
+    _, r = results_by_group[0][h[0]]
+    assert r["xid_events"][0]["xid"] == 79 and "Xid events (" in r["msg"]
+    # group 1: health faults on GPU 1 of host 2, the other GPUs untouched
+    _, r = results_by_group[0][h[2]]
+    g0, g1 = r["gpus"][0], r["gpus"][1]
+    assert g1["ecc_errors_uncorrected_volatile_total"] == 4 and g1["ecc_errors_corrected_aggregate_total"] == 4
+    assert g1["remapped_rows_pending"] is True and g1["remapped_rows_uncorrectable"] == 1
+    assert g1["clocks_event_reasons"] == ["hw_slowdown"] and g0["clocks_event_reasons"] == ["gpu_idle"]
+    assert all(g["mig_mode_current"] == "Enabled" for g in r["gpus"])
+    assert g1["nvlinks"][3]["state"] == "inactive" and g1["nvlinks"][3]["recovery_errors"] == 3
+    assert [link["state"] for link in g0["nvlinks"]] == ["active"] * 18
+    assert g0["ecc_errors_uncorrected_volatile_total"] == 0 and g0["remapped_rows_pending"] is False
+    assert r["xid_status"] == "ok" and [(e["xid"], e["gpu_index"]) for e in r["xid_events"]] == [(48, 1)]
+    # group 2: memory.used [N/A] is null with the raw text for the info call, not a failure
+    _, r = results_by_group[1][h[3]]
+    assert r["gpus"][0]["memory_used_mib"] is None and r["gpus"][0]["unsupported"]["memory_used_mib"] == "[N/A]"
+
+
+@pytest.mark.lab_only_once
+def test_wait_fails_at_once_on_na_memory_hang_and_handle_error(lab):
+    """One ad-hoc nvidia_gpu_wait over all hosts: [N/A] memory fails at once (field_unavailable), a hung
+    nvidia-smi fails after its limit (timeout) instead of hanging, rc 255 names the device, a clean host waits
+    and passes."""
+    h = lab.hosts
+    undo = with_faults(lab, {h[0]: {"smi_field_values": {"memory.used": "[N/A]"}}, h[1]: {"smi_hang_s": 60},
+                             h[2]: {"smi_rc": 255}})
+    try:
+        started = time.monotonic()
+        runner = lab.run_module("nvidia_gpu_wait", args(timeout_s=4, poll_interval_ms=100))
+        took = time.monotonic() - started
+        res = results(lab, runner, "nvidia_gpu_wait")
+    finally:
+        undo()
+    assert took < 30  # the hung host did not hold the run for its 60 s
+    ok, r = res[h[0]]
+    assert not ok and r["error_class"] == "field_unavailable" and "memory.used reads '[N/A]'" in r["msg"]
+    assert r["msg"].startswith("GPU 0 (GPU-")
+    ok, r = res[h[1]]
+    assert not ok and r["error_class"] == "timeout" and "did not answer within" in r["msg"]
+    assert "D state" in r["msg"]
+    ok, r = res[h[2]]
+    assert not ok and r["error_class"] == "device_handle_error"
+    ok, r = res[h[3]]
+    assert ok and r["ready"] is True
+    # nothing of the hang is left on the host: the abandoned nvidia-smi was killed
+    assert not [a for a in ps(lab, h[1]).values() if "nvidia-smi" in a]
+
+
+@pytest.mark.lab_only_once
+def test_gpu_memory_wait_role_prints_progress_between_slices_until_release(lab, standin):
+    """The role waits in 2 s slices: while the stand-in holds memory a progress line is printed, then the
+    stop (scheduled inside the host after 5 s) releases it and the release time counts from the first slice."""
+    host, pid = standin
+    lab.exec(host, ["sh", "-c", "(sleep 5; kill -TERM %d) >/dev/null 2>&1 &" % pid], check=True)
+    runner = lab.run_playbook(os.path.join(ROOT, "tests", "integration", "playbooks", "gpu_memory_wait.yml"),
+                              limit=host, extravars={"gpu_memory_wait_slice_s": 2, "gpu_memory_wait_timeout_s": 60,
+                                                     "gpufleet_expected_gpus": 8})
+    assert runner.status == "successful"
+    progress = [d["res"]["msg"] for d in lab.events(runner, "runner_on_ok", "debug")
+                if d["res"].get("msg", "").startswith("GPU memory: ")]
+    assert progress and "8 of 8 GPUs above 1024 MiB" in progress[0], progress
+    waits = lab.events(runner, "runner_on_ok", "nvidia_gpu_wait")
+    assert len(waits) >= 2 and waits[0]["res"]["ready"] is False and waits[-1]["res"]["ready"] is True
+    assert waits[-1]["res"]["elapsed_ms"] >= 2000  # from the first slice's start (a whole 2 s slice went before)
+    assert len({w["res"]["started_at"] for w in waits}) == 1

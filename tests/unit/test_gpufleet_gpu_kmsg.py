@@ -92,3 +92,14 @@ def test_real_dev_kmsg_read_stops_at_eagain_without_blocking():
     except PermissionError:
         pytest.skip("dmesg_restrict")
     assert time.monotonic() - t < 3.0
+
+
+def test_an_empty_journal_is_unknown_not_none(monkeypatch):
+    """journalctl in a container without journald answers nothing with rc 0: that is no kernel log at all."""
+    monkeypatch.setattr(K.os, "open", lambda p, f: (_ for _ in ()).throw(FileNotFoundError(2, "No such file")))
+    rep = K.xid_report(60, runner=lambda argv, timeout_s: (0, "", ""))
+    assert rep["xid_status"] == "unknown" and rep["xid_events"] is None
+    assert "holds no kernel messages" in rep["xid_reason"]
+    answers = {True: json.dumps({"MESSAGE": "Linux version 6.8"}) + "\n", False: ""}
+    rep = K.xid_report(60, runner=lambda argv, timeout_s: (0, answers["-n" in argv], ""))
+    assert rep["xid_status"] == "ok" and rep["xid_events"] == []

@@ -222,6 +222,7 @@ def test_wait_message_names_fd_holders_when_no_compute_process_is_listed(monkeyp
     assert "processes with a GPU device open: pid 90: python3 train.py" in msg
     assert "processes holding only the shared nodes (nvidiactl, nvidia-uvm): pid 300: python3 -m my_job" in msg
     assert msg.index("pid 90: python3 train.py |") < msg.index("pid 300")
-    assert "pid 77" not in msg.split("candidates")[1]  # the monitor is not a candidate
+    assert "pid 77" not in msg.split("candidates")[1]  # the monitor is not a candidate ...
+    assert "monitors with it open (they hold no memory, leave them): pid 77: nv-hostengine" in msg  # ... but named
     kinds = {h["pid"]: h["kind"] for h in done.result["device_holders"]}
     assert kinds == {90: "gpu", 300: "shared_only", 77: "monitor"}
