@@ -49,10 +49,12 @@ lab-down:
 	 else $(PYTHON) tests/lab/lab.py down --lab-dir $(LAB_DIR); fi
 
 # The main job against the lab fleet: lab up, then restart.yml twice (the second run shows it is repeatable).
+# The lab writes its inventory to <LAB_DIR>/inventory, and also to inventory/lab for the default LAB_DIR only.
+DEMO_INVENTORY ?= $(if $(filter .lab ./.lab,$(LAB_DIR)),inventory/lab,$(LAB_DIR)/inventory)
 demo: lab-up
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-playbook -i inventory/lab playbooks/restart.yml
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) playbooks/restart.yml
 	@echo; echo "=== second run: every host restarted again, still green ==="; echo
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-playbook -i inventory/lab playbooks/restart.yml
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) playbooks/restart.yml
 
 test: setup venv-new
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
