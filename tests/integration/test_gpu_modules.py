@@ -312,7 +312,7 @@ def test_gpu_memory_wait_role_prints_progress_between_slices_until_release(lab, 
     lab.exec(host, ["sh", "-c", "(sleep 5; kill -TERM %d) >/dev/null 2>&1 &" % pid], check=True)
     runner = lab.run_playbook(os.path.join(ROOT, "tests", "integration", "playbooks", "gpu_memory_wait.yml"),
                               limit=host, extravars={"gpu_memory_wait_slice_s": 2, "gpu_memory_wait_timeout_s": 60,
-                                                     "gpufleet_expected_gpus": 8})
+                                                     "gpufleet_expected_gpus": 8}, tags="wait")
     assert runner.status == "successful"
     progress = [d["res"]["msg"] for d in lab.events(runner, "runner_on_ok", "debug")
                 if d["res"].get("msg", "").startswith("GPU memory: ")]
