@@ -1,0 +1,203 @@
+"""plugins/callback/gpufleet_summary.py: rows for every targeted host, the printed summary, progress lines,
+and silence under machine-readable stdout callbacks."""
+import importlib.util
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gpufleet_summary_cb", ROOT / "plugins" / "callback" / "gpufleet_summary.py")
+cb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cb)
+
+
+def test_the_playbooks_callback_dir_loads_this_file():
+    link = ROOT / "playbooks" / "callback_plugins" / "gpufleet_summary.py"
+    assert link.resolve() == (ROOT / "plugins" / "callback" / "gpufleet_summary.py").resolve()
+
+
+@pytest.mark.parametrize("name,human", [
+    ("default", True), ("ansible.builtin.default", True), ("minimal", True), ("community.general.yaml", True),
+    ("json", False), ("ansible.posix.json", False), ("ansible.posix.jsonl", False), ("junit", False),
+    ("tree", False), ("someone.else.custom", False),
+])
+def test_prints_only_under_human_stdout_callbacks(name, human):
+    assert cb.is_human_stdout(name) is human
+
+
+class FakeConfig:
+    def __init__(self, value):
+        self.value = value
+
+    def get_config_value(self, name):
+        assert name == "DEFAULT_STDOUT_CALLBACK"
+        return self.value
+
+
+class FakeC:
+    def __init__(self, value):
+        self.config = FakeConfig(value)
+
+
+def test_under_ansible_runner_the_wrapped_callback_decides(monkeypatch):
+    monkeypatch.setattr(cb, "C", FakeC("awx_display"))
+    assert cb.stdout_callback_name({}) == "default"
+    assert cb.stdout_callback_name({"ORIGINAL_STDOUT_CALLBACK": "ansible.posix.json"}) == "ansible.posix.json"
+    monkeypatch.setattr(cb, "C", FakeC("ansible.posix.jsonl"))
+    assert cb.stdout_callback_name({}) == "ansible.posix.jsonl"
+
+
+def test_preflight_refusal_gives_every_target_a_row():
+    rows = {"h2": {"host": "h2", "result": "refused", "phase": "preflight", "cause": "port 30000 held by pid 5"},
+            "h1": {"host": "h1", "result": "not_started"}, "h3": {"host": "h3", "result": "not_started"}}
+    out = cb.build_rows(["h1", "h2", "h3"], rows, {}, {}, {"h2": ("preflight", "Stop here", "...")})
+    assert [r["host"] for r in out] == ["h1", "h2", "h3"]
+    assert [r["result"] for r in out] == ["not_started", "refused", "not_started"]
+
+
+def test_unreachable_host_keeps_the_provisional_row_of_its_phase():
+    rows = {"h1": {"host": "h1", "result": "unreachable", "phase": "launch", "cause": "connection lost during launch",
+                   "advice": "ssh lost during launch: the server may have come up; run playbooks/check.yml"}}
+    [row] = cb.build_rows(["h1"], rows, {}, {"h1": ("launch", "Failed to connect")}, {})
+    assert row["result"] == "unreachable" and row["phase"] == "launch" and "may have come up" in row["advice"]
+
+
+def test_unreachable_before_any_row_names_phase_and_what_to_do():
+    [row, later] = cb.build_rows(["h1", "h2"], {}, {}, {"h1": ("wait", "ssh: connect timed out")}, {})
+    assert row["result"] == "unreachable" and row["phase"] == "wait" and row["cause"] == "ssh: connect timed out"
+    assert "no new one was started" in row["advice"]
+    assert later["result"] == "not_started"
+
+
+def test_final_row_wins_over_a_provisional_one():
+    rows = {"h1": {"host": "h1", "result": "ok", "downtime_s": 9.0}}
+    [row] = cb.build_rows(["h1"], rows, {}, {}, {})
+    assert row["result"] == "ok"
+
+
+def test_hosts_without_any_event_are_not_reached_when_nothing_failed():
+    [row] = cb.build_rows(["h1"], {}, {}, {}, {})
+    assert row["result"] == "not_reached"
+
+
+def test_failures_outside_the_targets_are_not_rows():
+    out = cb.build_rows(["h1"], {"h1": {"host": "h1", "result": "ok"}}, {}, {}, {"h9": ("preflight", "t", "m")})
+    assert [r["host"] for r in out] == ["h1"]
+
+
+def test_render_shows_down_and_a_note_per_host_that_is_not_ok():
+    table = cb._load_table()
+    text = cb.render([
+        {"host": "h1", "result": "ok", "downtime_s": 9.04, "nccl": "ok", "new_pid": 40},
+        {"host": "h2", "result": "failed", "phase": "wait", "cause": "GPU 3 holds 30000 MiB", "downtime_s": 42.0,
+         "still_down": True, "rollback": "failed: relaunch failed", "advice": "fix it, then rerun"},
+        {"host": "h3", "result": "not_started", "cause": "the rolling restart stopped at h2 (failed)"},
+    ], table)
+    lines = text.splitlines()
+    assert lines[0].split() == ["host", "result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl",
+                                "old_pid", "new_pid"]
+    assert lines[1].split()[:3] == ["h1", "ok", "9.0"] and lines[1].split()[-1] == "40"
+    assert lines[2].split()[:3] == ["h2", "failed", "down:42.0"]
+    assert "h2: failed in wait: GPU 3 holds 30000 MiB" in lines
+    assert "    rollback: failed: relaunch failed" in lines and "    next: fix it, then rerun" in lines
+    assert "h3: not_started: the rolling restart stopped at h2 (failed)" in lines
+
+
+# -- the callback driven with fake results ------------------------------------------------------------
+
+class FakeDisplay:
+    def __init__(self):
+        self.lines = []
+
+    def display(self, text, *a, **k):
+        self.lines.append(text)
+
+    def banner(self, text, *a, **k):
+        self.lines.append("BANNER " + text)
+
+
+class Named:
+    def __init__(self, name):
+        self.name = name
+
+    def get_name(self):
+        return self.name
+
+
+class FakeTask(Named):
+    def __init__(self, name, role=None, path=""):
+        super().__init__(name)
+        self._role = Named(role) if role else None
+        self.path = path
+
+    def get_path(self):
+        return self.path
+
+
+class FakeResult:
+    def __init__(self, host, result, task=None):
+        self._host = Named(host)
+        self._result = result
+        self._task = task or FakeTask("t")
+
+
+def make(monkeypatch, stdout="default"):
+    monkeypatch.setattr(cb, "C", FakeC(stdout))
+    plugin = cb.CallbackModule()
+    plugin._display = FakeDisplay()
+    return plugin
+
+
+def test_callback_prints_every_target_and_progress_under_default(monkeypatch):
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the command line before touching any host"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1", "h2"]}}))
+    plugin.v2_playbook_on_play_start(Named("Restart SGLang host by host (stop, ...)"))
+    plugin.v2_runner_retry(FakeResult("h1", {"progress": "waiting for /health_generate: 20 s of 900 s, port open"}))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_stats": {"data": {"gpufleet_restart": {
+        "h1": {"host": "h1", "result": "failed", "phase": "launch", "cause": "exit code 1"}}}}}))
+    plugin.v2_runner_on_failed(FakeResult("h1", {"msg": "restart failed"}, FakeTask("Fail the host")))
+    plugin.v2_playbook_on_stats(None)
+    text = "\n".join(plugin._display.lines)
+    assert "  h1: waiting for /health_generate: 20 s of 900 s, port open" in plugin._display.lines
+    assert "BANNER GPUFLEET SUMMARY" in plugin._display.lines
+    assert "h1: failed in launch: exit code 1" in text
+    assert "h2: not_started" in text
+
+
+def test_callback_is_silent_under_a_json_stdout_callback(monkeypatch):
+    plugin = make(monkeypatch, "ansible.posix.json")
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    plugin.v2_runner_retry(FakeResult("h1", {"progress": "20 s of 900 s"}))
+    plugin.v2_playbook_on_stats(None)
+    assert plugin._display.lines == []
+
+
+def test_callback_prints_nothing_for_other_playbooks(monkeypatch):
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the GPU fleet"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"x": 1}}))
+    plugin.v2_runner_retry(FakeResult("h1", {"attempts": 1}))
+    plugin.v2_playbook_on_stats(None)
+    assert plugin._display.lines == []
+
+
+def test_guard_refusal_is_printed_as_the_runs_reason(monkeypatch):
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the command line before touching any host"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": []}}))
+    plugin.v2_runner_on_failed(FakeResult("h1", {"msg": "No host matches target=typo in this inventory."}))
+    plugin.v2_playbook_on_stats(None)
+    assert plugin._display.lines[1:] == ["no host was restarted",
+                                         "refused before touching any host: No host matches target=typo in this inventory."]
+
+
+def test_unreachable_phase_comes_from_the_role_of_the_task(monkeypatch):
+    plugin = make(monkeypatch)
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    plugin.v2_playbook_on_play_start(Named("Restart SGLang host by host"))
+    plugin.v2_runner_on_unreachable(FakeResult("h1", {"msg": "ssh: Connection reset"},
+                                               FakeTask("Start the server", role="sglang_launch")))
+    plugin.v2_playbook_on_stats(None)
+    text = "\n".join(plugin._display.lines)
+    assert "h1: unreachable in launch: ssh: Connection reset" in text and "may have come up" in text
