@@ -148,8 +148,8 @@ options:
 attributes:
   check_mode:
     support: full
-    details: V(started) reports whether it would start the process and the argv and starts nothing; V(ready) and
-      V(port_free) only look.
+    details: V(started) reports whether it would start the process and the argv and starts nothing (a listener on
+      O(port) is a warning then, not a failure, because nothing was stopped); V(ready) and V(port_free) only look.
   diff_mode:
     support: none
 notes:
@@ -796,7 +796,12 @@ def run_started(module, p, result):
         module.exit_json(msg="already running (pid %d from %s)" % (existing, p["pid_file"]), **result)
     if p["port"]:
         listeners = port_listeners(p["port"], p["host"])
-        if listeners:
+        if listeners and module.check_mode:
+            # In check mode nothing was stopped: the server about to be replaced may well hold the port.
+            result["listeners"] = listeners
+            module.warn("port %d is held now by %s; a real run stops the old server first"
+                        % (p["port"], describe_listeners(listeners)))
+        elif listeners:
             result["listeners"] = listeners
             module.fail_json(msg="port %d taken by %s before launch: nothing was started; stop that process or "
                              "set another sglang_port" % (p["port"], describe_listeners(listeners)), **result)
