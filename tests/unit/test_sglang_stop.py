@@ -38,8 +38,8 @@ def run_main(module, args, capsys):
     return json.loads(capsys.readouterr().out)
 
 
-def P(pid, cmdline, user="sglang", ppid=100, pgid=None, sid=None, create_time=1000.0):
-    return stop.Proc(pid, ppid, pgid or pid, sid or pid, 1000, user, cmdline, create_time)
+def P(pid, cmdline, user="sglang", ppid=100, pgid=None, sid=None, create_time=1000.0, argv=None):
+    return stop.Proc(pid, ppid, pgid or pid, sid or pid, 1000, user, cmdline, create_time, argv=argv)
 
 
 PATTERN = re.compile(stop.SGLANG_PATTERN)
@@ -54,6 +54,8 @@ def test_leftovers_match_sglang_titles_and_orphans_only():
         P(13, "sglang::detokenizer"),
         P(14, "python3 train.py --out sglang_results"),               # no SGLang title
         P(15, "vim /opt/sglang/srt/server_args.py"),                  # a path, not sglang.srt
+        P(16, "grep --line-buffered sglang.launch_server"),           # root's grep (issue 10, finding 7)
+        P(17, "x", argv=["bash", "-c", "while :; do pgrep -af sglang::scheduler; sleep 1; done"]),
     ]
     chosen = stop.select_leftovers(procs, PATTERN, {"sglang"}, set(), PROTECT)
     assert sorted(p.pid for p, _ in chosen) == [10, 11, 12, 13]
@@ -206,9 +208,288 @@ def test_nothing_running_is_not_a_change(tmp_path, capsys):
 
 
 def test_module_never_signals_itself_or_its_ancestors(tmp_path, capsys):
-    # The pattern is this very process's command line: the module (running in this process) must skip
-    # itself and its ancestors (the shell/ssh chain that started it).
-    own = stop.cmdline_text(os.getpid())
-    result = run_main(stop, {"pattern": "^" + re.escape(own) + "$", "shm_dir": str(tmp_path)}, capsys)
-    assert result["signalled"] == []
-    assert os.getpid() in stop.protected_pids() and os.getppid() in stop.protected_pids()
+    # Only this process and its ancestors are offered, with a pattern matching any program: none is chosen.
+    # (Never run the module itself with a pattern this process matches: other runs of the same program on the
+    # machine would match too.)
+    protected = stop.protected_pids()
+    assert os.getpid() in protected and os.getppid() in protected
+    mine = [p for p in stop.snapshot() if p.pid in (os.getpid(), os.getppid())]
+    assert len(mine) == 2
+    import pwd
+    me = {pwd.getpwuid(os.geteuid()).pw_name}
+    assert stop.select_leftovers(mine, re.compile(".*"), me, protected, PROTECT) == []
+    assert stop.select_server(mine, os.getpid(), me, protected, PROTECT) == []
+    pid_file = tmp_path / "sglang.pid"
+    pid_file.write_text("%d\n" % os.getpid())
+    result = run_main(stop, {"pid_file": str(pid_file), "pattern": "no-such-title-" + uuid.uuid4().hex,
+                             "shm_dir": str(tmp_path)}, capsys)
+    assert result["failed"] and "may not signal" in result["msg"] and result["signalled"] == []
+
+
+# --- which processes run SGLang: program name, never a substring (issue 10, finding 7) ----------------------
+RUNS_SGLANG = [
+    (["sglang::scheduler_TP3"], "sglang::scheduler_TP3"),
+    (["sglang::scheduler_DP1_TP3"], "sglang::scheduler_DP1_TP3"),
+    (["sglang::detokenizer"], "sglang::detokenizer"),
+    (["/venv/bin/python3", "-m", "sglang.launch_server", "--model-path", "/m"], "sglang.launch_server"),
+    (["python", "-u", "-X", "faulthandler", "-m", "sglang.launch_server"], "sglang.launch_server"),
+    (["python3.11", "-Wignore", "-msglang.launch_server", "--port", "1"], "sglang.launch_server"),
+    (["python3", "-um", "sglang.bench_serving"], "sglang.bench_serving"),
+    (["python3", "-m", "sglang.srt.entrypoints.http_server"], "sglang.srt.entrypoints.http_server"),
+    (["/usr/local/bin/sglang", "serve", "--model-path", "/m"], "/usr/local/bin/sglang serve"),
+    (["sglang", "serve"], "sglang serve"),
+    (["/venv/bin/python3", "/venv/bin/sglang", "serve", "--port", "1"], "/venv/bin/sglang serve"),
+    (["python3", "/opt/sglang/python/sglang/launch_server.py", "--model-path", "/m"],
+     "/opt/sglang/python/sglang/launch_server.py"),
+]
+NOT_SGLANG = [
+    ["grep", "--line-buffered", "sglang.launch_server"],
+    ["grep", "sglang.launch_server", "/var/log/syslog"],
+    ["pgrep", "-af", "sglang::scheduler"],
+    ["bash", "-c", "while :; do pgrep -af sglang::scheduler; sleep 1; done"],
+    ["sh", "-c", "python3 -m sglang.launch_server --model-path /m"],
+    ["vim", "/opt/sglang/python/sglang/launch_server.py"],
+    ["tail", "-f", "/var/lib/gpufleet/sglang.log"],
+    ["python3", "-c", "import sglang.launch_server"],
+    ["python3", "train.py", "--out", "sglang.launch_server"],
+    ["python3", "-m", "pytest", "tests/sglang.launch_server"],
+    ["python3", "-X", "sglang.launch_server", "-m", "mymod"],
+    ["/usr/bin/sglang-router", "--worker-urls", "http://x"],
+    ["sglang", "version"],
+    ["python3", "-c", "from multiprocessing.resource_tracker import main;main(5)"],
+    ["less", "sglang::scheduler_TP0.log"],
+    [],
+]
+
+
+@pytest.mark.parametrize("argv,name", RUNS_SGLANG, ids=[" ".join(a) for a, _ in RUNS_SGLANG])
+def test_runs_sglang_by_title_module_script_or_sglang_serve(argv, name):
+    assert stop.runs_sglang(argv, PATTERN) == name
+
+
+@pytest.mark.parametrize("argv", NOT_SGLANG, ids=[" ".join(a) or "empty" for a in NOT_SGLANG])
+def test_runs_sglang_never_matches_a_word_elsewhere_in_the_command_line(argv):
+    assert stop.runs_sglang(argv, PATTERN) is None
+
+
+def test_pattern_override_applies_to_the_program_name_only():
+    custom = re.compile(r"my-sglang-fork::.*|myfork\.server")
+    assert stop.runs_sglang(["my-sglang-fork::worker0"], custom) == "my-sglang-fork::worker0"
+    assert stop.runs_sglang(["python3", "-m", "myfork.server"], custom) == "myfork.server"
+    assert stop.runs_sglang(["grep", "myfork.server"], custom) is None
+
+
+def test_read_argv_splits_a_setproctitle_title_and_keeps_real_argv(tmp_path):
+    title = "/venv/bin/python3 -m sglang.launch_server --port 30000"
+    titled = _start_titled(title)
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "an arg with spaces"])
+    try:
+        assert stop.read_argv(titled.pid) == title.split()
+        assert stop.runs_sglang(stop.read_argv(titled.pid), PATTERN) == "sglang.launch_server"
+        time.sleep(0.1)
+        assert stop.read_argv(plain.pid) == [sys.executable, "-c", "import time; time.sleep(30)", "an arg with spaces"]
+    finally:
+        for child in (titled, plain):
+            child.kill()
+            child.wait()
+    assert stop.read_argv(plain.pid) == []
+
+
+# --- defunct leaders with live threads (issue 10, finding 5) -----------------------------------------------
+DEFUNCT = ("import ctypes, setproctitle, sys, threading, time\n"
+           "setproctitle.setproctitle(sys.argv[1])\n"
+           "threading.Thread(target=time.sleep, args=(120,)).start()\n"
+           "print('ready', flush=True)\n"
+           "ctypes.CDLL(None).pthread_exit(None)\n")
+
+
+def _start_defunct(title):
+    """A child whose main thread exited while another (non-daemon) thread sleeps: `<defunct>`, state Z."""
+    child = subprocess.Popen([sys.executable, "-c", DEFUNCT, title], stdout=subprocess.PIPE, start_new_session=True)
+    assert child.stdout.readline().strip() == b"ready"
+    deadline = time.time() + 5
+    while stop.read_stat("/proc/%d/stat" % child.pid)[0] != "Z":
+        assert time.time() < deadline, "main thread did not exit"
+        time.sleep(0.02)
+    return child
+
+
+def test_defunct_leader_with_a_live_thread_counts_as_alive_until_its_last_thread_ends(unique_title):
+    child = _start_defunct(unique_title)
+    try:
+        ticks = stop.read_stat("/proc/%d/stat" % child.pid)[1]
+        assert stop.live_threads(child.pid) and child.pid not in stop.live_threads(child.pid)
+        assert stop.process_alive(child.pid, ticks)
+        assert not stop.process_alive(child.pid, ticks + 1), "a different start time is another process"
+        [snap] = [p for p in stop.snapshot() if p.pid == child.pid]
+        assert snap.defunct and snap.argv == [unique_title] and snap.cmdline == unique_title
+    finally:
+        child.kill()
+    deadline = time.time() + 5
+    while stop.live_threads(child.pid) and time.time() < deadline:
+        time.sleep(0.02)
+    # Killed but not yet reaped by us: a plain zombie, which holds nothing.
+    assert not stop.process_alive(child.pid)
+    assert child.pid not in {p.pid for p in stop.snapshot()}
+    child.wait()
+
+
+def test_module_sigkills_a_defunct_worker_at_once_and_waits_for_its_threads(unique_title, tmp_path, capsys):
+    child = _start_defunct(unique_title)
+    try:
+        result = run_main(stop, {"pattern": re.escape(unique_title), "grace_s": 30, "kill_timeout_s": 5,
+                                 "shm_dir": str(tmp_path)}, capsys)
+        assert not stop.live_threads(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    [entry] = result["signalled"]
+    assert (entry["pid"], entry["defunct"], entry["signals"], entry["ended"]) == (
+        child.pid, True, ["SIGKILL"], "after SIGKILL")
+    assert result["done"] and result["stop_ms"] < 5000, "a defunct process must not cost the grace"
+
+
+def test_check_mode_lists_a_defunct_worker_with_cmdline_and_user(unique_title, tmp_path, capsys):
+    child = _start_defunct(unique_title)
+    try:
+        result = run_main(stop, {"pattern": re.escape(unique_title), "shm_dir": str(tmp_path),
+                                 "_ansible_check_mode": True}, capsys)
+        assert stop.live_threads(child.pid), "check mode must not signal"
+    finally:
+        child.kill()
+        child.wait()
+    [entry] = result["signalled"]
+    import pwd
+    assert entry["cmdline"] == unique_title and entry["user"] == pwd.getpwuid(os.geteuid()).pw_name
+    assert entry["ended"] == "would signal" and entry["signals"] == [] and result["done"]
+
+
+# --- one grace period for the server and its leftovers (issue 10, finding 6) --------------------------------
+# A server (pid file) with a resource-tracker-like child (ignores SIGTERM, exits when its pipe reaches EOF),
+# and an orphaned worker in another session holding the pipe's write end, as multiprocessing's spawn does.
+TRACKER_SERVER = r"""
+import os, signal, subprocess, sys, time
+r, w = os.pipe()
+tracker = subprocess.Popen([sys.executable, "-c",
+    "import os, signal, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "while os.read(int(sys.argv[1]), 1): pass\n", str(r)], pass_fds=(r,))
+orphan = subprocess.Popen([sys.executable, "-c",
+    "import setproctitle, sys, time\nsetproctitle.setproctitle(sys.argv[1])\ntime.sleep(120)\n", sys.argv[1]],
+    pass_fds=(w,), start_new_session=True)
+os.close(r); os.close(w)
+print(tracker.pid, orphan.pid, flush=True)
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+time.sleep(120)
+"""
+
+
+def test_one_grace_for_server_and_orphans_the_tracker_exits_when_the_orphan_does(unique_title, tmp_path, capsys):
+    server = subprocess.Popen([sys.executable, "-c", TRACKER_SERVER, unique_title], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    tracker, orphan = (int(x) for x in server.stdout.readline().split())
+    deadline = time.time() + 10
+    while stop.read_argv(orphan) != [unique_title]:  # retitled: only then does it run "SGLang"
+        assert time.time() < deadline
+        time.sleep(0.02)
+    pid_file = tmp_path / "sglang.pid"
+    pid_file.write_text("%d\n" % server.pid)
+    try:
+        result = run_main(stop, {"pid_file": str(pid_file), "pattern": re.escape(unique_title), "grace_s": 20,
+                                 "kill_timeout_s": 5, "shm_dir": str(tmp_path)}, capsys)
+    finally:
+        for pid in (tracker, orphan, server.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        server.wait()
+    by_pid = {e["pid"]: e for e in result["signalled"]}
+    assert by_pid[server.pid]["reason"] == "pid_file"
+    assert by_pid[tracker]["reason"] == "process_group"
+    assert by_pid[orphan]["reason"] == "pattern"
+    assert all(e["signals"] == ["SIGTERM"] and e["ended"] == "after SIGTERM" for e in by_pid.values()), by_pid
+    assert result["stop_ms"] < 5000, "the tracker must not cost the grace: %d ms" % result["stop_ms"]
+
+
+# --- slices with progress, resumed by the role --------------------------------------------------------------
+def test_slices_report_progress_then_resume_sigkills_after_the_grace(unique_title, tmp_path, capsys):
+    child = _start_titled(unique_title, ignore_term=True)
+    args = {"pattern": re.escape(unique_title), "grace_s": 1.2, "kill_timeout_s": 5, "slice_s": 0.4,
+            "shm_dir": str(tmp_path)}
+    try:
+        first = run_main(stop, args, capsys)
+        assert first["done"] is False and not first.get("failed")
+        [entry] = first["signalled"]
+        assert entry["ended"] == "waiting" and entry["signals"] == ["SIGTERM"]
+        assert first["progress"].startswith("waiting for 1 of 1 processes to exit after SIGTERM: pid %d %s"
+                                            % (child.pid, unique_title))
+        assert "of 1 s grace, then SIGKILL" in first["progress"]
+        assert 300 <= first["stop_ms"] < 1200
+        rounds = 0
+        result = first
+        while not result["done"]:
+            rounds += 1
+            assert rounds < 10
+            result = run_main(stop, dict(args, resume=first), capsys)  # the role's until loop: same resume
+        child.wait(timeout=5)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    [entry] = result["signalled"]
+    assert entry["signals"] == ["SIGTERM", "SIGKILL"] and entry["ended"] == "after SIGKILL"
+    assert entry["wait_ms"] >= 1200 and result["stop_ms"] >= 1200
+    assert rounds >= 2, "the grace (1.2 s) spans several 0.4 s slices"
+    again = run_main(stop, dict(args, resume=result), capsys)
+    assert again["signalled"] == result["signalled"] and again["done"]
+
+
+def test_resume_never_signals_a_process_that_reused_the_pid(unique_title, tmp_path, capsys):
+    child = _start_titled(unique_title, ignore_term=True)
+    try:
+        ticks = stop.read_stat("/proc/%d/stat" % child.pid)[1]
+        stale = {"started_at": time.time() - 100, "main_pid": None, "done": False, "signalled": [
+            {"pid": child.pid, "cmdline": "old", "user": "x", "reason": "pattern", "defunct": False,
+             "start_ticks": ticks - 1, "signals": ["SIGTERM"], "ended": "waiting", "wait_ms": None}]}
+        result = run_main(stop, {"pattern": re.escape(unique_title), "grace_s": 1, "resume": stale,
+                                 "shm_dir": str(tmp_path)}, capsys)
+        time.sleep(0.2)
+        assert child.poll() is None, "a process with another start time must not be signalled"
+    finally:
+        child.kill()
+        child.wait()
+    [entry] = result["signalled"]
+    assert entry["signals"] == ["SIGTERM"] and entry["ended"] == "after SIGTERM" and result["done"]
+
+
+def test_resume_that_is_not_a_stop_result_is_refused(tmp_path, capsys):
+    from ansible.module_utils.testing import patch_module_args
+    with patch_module_args({"resume": {"rc": 0}, "shm_dir": str(tmp_path)}):
+        with pytest.raises(SystemExit):
+            stop.main()
+    out = json.loads(capsys.readouterr().out)
+    assert out["failed"] and "resume must be the registered result of an sglang_stop call" in out["msg"]
+
+
+@pytest.mark.parametrize("args,words", [
+    ({"poll_interval_ms": 500}, "poll_interval_ms must be 1 to 100"),
+    ({"slice_s": 0}, "slice_s must be > 0"),
+    ({"grace_s": -1}, "grace_s and kill_timeout_s must be >= 0"),
+    ({"pattern": "("}, "invalid regular expression"),
+])
+def test_bad_options_fail_naming_the_option(args, words, tmp_path, capsys):
+    from ansible.module_utils.testing import patch_module_args
+    with patch_module_args(dict(args, shm_dir=str(tmp_path))):
+        with pytest.raises(SystemExit):
+            stop.main()
+    out = json.loads(capsys.readouterr().out)
+    assert out["failed"] and words in out["msg"]
+
+
+def test_progress_line_names_waiting_processes_and_the_grace():
+    entries = [{"pid": 100 + i, "cmdline": "sglang::scheduler_TP%d" % i, "ended": "waiting"} for i in range(7)]
+    entries.append({"pid": 99, "cmdline": "python -m sglang.launch_server", "ended": "after SIGTERM"})
+    line = stop.progress_line(entries, 1000.0, 60, 1020.4)
+    assert line == ("waiting for 7 of 8 processes to exit after SIGTERM: pid 100 sglang::scheduler_TP0, "
+                    "pid 101 sglang::scheduler_TP1, pid 102 sglang::scheduler_TP2, pid 103 sglang::scheduler_TP3, "
+                    "pid 104 sglang::scheduler_TP4 and 2 more; 20 s of 60 s grace, then SIGKILL")
