@@ -3,9 +3,12 @@
 Each lab host runs a monitor (an nvidia-persistenced stand-in holding /dev/nvidiactl and /dev/nvidia0) that must
 never be signalled. These tests add an SGLang-titled process of another user, a live process holding an
 NCCL-named segment, stale segments, an orphaned worker (re-parented to the host's PID 1) and workers that
-ignore SIGTERM, then run restart.yml's stop phase and look at the host afterwards.
+ignore SIGTERM, then run restart.yml's stop phase and look at the host afterwards. Issue 10's findings: a
+defunct worker whose thread holds GPU memory (5), an orphan keeping multiprocessing's resource tracker alive
+(6), root's grep/pgrep watching SGLang (7), and progress lines during a long grace.
 """
 import json
+import re
 import time
 
 import pytest
@@ -28,6 +31,29 @@ PS = ("import json, os\n"
       "                  'uid': os.stat('/proc/%s' % p).st_uid, 'start': st[19]}\n"
       "    except (OSError, IndexError): pass\n"
       "print(json.dumps(out))\n")
+
+
+DEFUNCT = ("import json, os\n"
+           "out = []\n"
+           "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+           "    try:\n"
+           "        st = open('/proc/%s/stat' % p).read().rsplit(') ', 1)[1].split()\n"
+           "        if st[0] != 'Z': continue\n"
+           "        live = []\n"
+           "        for t in os.listdir('/proc/%s/task' % p):\n"
+           "            if open('/proc/%s/task/%s/stat' % (p, t)).read().rsplit(') ', 1)[1].split()[0] not in 'ZXx':\n"
+           "                live.append(open('/proc/%s/task/%s/cmdline' % (p, t), 'rb').read().split(b'\\0')[0].decode())\n"
+           "        out.append({'pid': int(p), 'start': st[19], 'threads': live})\n"
+           "    except (OSError, IndexError): pass\n"
+           "print(json.dumps(out))\n")
+# SGLang's own clean-up pattern, searched in the whole command line: what the stop used before issue 10.
+OLD_SUBSTRING_PATTERN = r"sglang::|sglang\.launch_server|sglang\.bench|sglang\.data_parallel|sglang\.srt"
+
+
+def defunct(lab, host):
+    """[{pid, start, threads: [title of each live thread]}] of the host's defunct (state Z) processes."""
+    res = lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", DEFUNCT], check=True)
+    return json.loads(res.stdout)
 
 
 def procs(lab, host):
@@ -136,3 +162,123 @@ def test_stop_in_check_mode_signals_nothing_and_second_stop_changes_nothing(lab)
     assert second.status == "successful"
     res = stop_results(lab, second)[host]
     assert res["changed"] is False and res["signalled"] == []
+
+
+def last_stop_result(lab, runner, host):
+    """The role's final sglang_stop result (the last sglang_stop task that ended ok on the host)."""
+    return [d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_stop") if d["host"] == host][-1]
+
+
+@pytest.mark.lab_only_once
+def test_defunct_worker_holding_gpu_memory_is_killed_and_the_host_ends_serving(lab):
+    # Finding 5: a <defunct> worker whose other thread holds GPU memory was skipped as dead; the wait timed out.
+    host = lab.hosts[2]
+    lab.fault(host, zombie_worker=3)
+    try:
+        launch(lab, host)
+        [zombie] = [z for z in defunct(lab, host) if z["threads"] == ["sglang::scheduler_TP3"]]
+        gpu3 = lab.gpus(host)[3]
+        assert zombie["pid"] in {a["pid"] for a in gpu3["apps"]}, "the defunct worker does not hold GPU 3"
+        lab.fault(host, zombie_worker=None)  # the new server starts normally
+
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert runner.status == "successful", open(runner.stdout.name).read()[-3000:]
+        res = last_stop_result(lab, runner, host)
+        entry = {e["pid"]: e for e in res["signalled"]}[zombie["pid"]]
+        assert (entry["defunct"], entry["signals"], entry["ended"]) == (True, ["SIGKILL"], "after SIGKILL")
+        assert entry["cmdline"] == "sglang::scheduler_TP3"
+        assert not [z for z in defunct(lab, host) if z["pid"] == zombie["pid"] and z["start"] == zombie["start"]]
+        assert zombie["pid"] not in procs(lab, host) or procs(lab, host)[zombie["pid"]]["start"] != zombie["start"]
+        assert zombie["pid"] not in {a["pid"] for g in lab.gpus(host) for a in g["apps"]}
+        assert lab.wait_http(host, timeout_s=10) == 200
+    finally:
+        lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_orphan_keeping_the_resource_tracker_alive_costs_one_short_stop_not_the_grace(lab):
+    # Finding 6: multiprocessing's resource tracker (the server's child, in its process group) ignores SIGTERM
+    # and exits only when its pipe closes; an orphaned worker holds that pipe. With one grace and the orphan
+    # signalled together with the server, the stop takes seconds, not sglang_stop_grace_s.
+    host = lab.hosts[1]
+    lab.fault(host, orphan_worker=7)
+    try:
+        server = launch(lab, host)
+        before = procs(lab, host)
+        [tracker] = [p for p, v in before.items() if "multiprocessing.resource_tracker" in v["cmd"]]
+        status = lab.exec(host, ["cat", "/proc/%d/status" % tracker], check=True).stdout
+        sig_ign = int(re.search(r"^SigIgn:\s*([0-9a-f]+)", status, re.M).group(1), 16)
+        assert sig_ign & (1 << (15 - 1)), "the stand-in's resource tracker does not ignore SIGTERM"
+        [orphan] = [p for p, v in before.items() if v["cmd"] == "sglang::scheduler_TP7"]
+
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_stop_grace_s=30), limit=host, tags="stop")
+        assert runner.status == "successful", open(runner.stdout.name).read()[-3000:]
+        res = last_stop_result(lab, runner, host)
+        by_pid = {e["pid"]: e for e in res["signalled"]}
+        assert by_pid[server]["reason"] == "pid_file"
+        assert (by_pid[tracker]["reason"], by_pid[tracker]["ended"]) == ("process_group", "after SIGTERM")
+        assert (by_pid[orphan]["reason"], by_pid[orphan]["ended"]) == ("pattern", "after SIGTERM")
+        assert res["stop_ms"] < 15000, "the stop waited on the tracker: %d ms" % res["stop_ms"]
+        after = procs(lab, host)
+        assert tracker not in after and orphan not in after
+    finally:
+        lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_restart_never_signals_roots_grep_or_pgrep_loop_watching_sglang(lab):
+    # Finding 7: matching was a substring anywhere in the command line.
+    host = lab.hosts[2]
+    watchers = ["bash -c 'sleep 600 | grep --line-buffered sglang.launch_server'",
+                "bash -c 'while :; do pgrep -af sglang::scheduler; sleep 1; done'"]
+    launch(lab, host)
+    script = " ".join("setsid %s </dev/null >/dev/null 2>&1 & echo $!;" % w for w in watchers)
+    groups = [int(x) for x in lab.exec(host, ["sh", "-c", script], check=True).stdout.split()]
+    try:
+        wanted = {"grep --line-buffered sglang.launch_server",
+                  "bash -c sleep 600 | grep --line-buffered sglang.launch_server",
+                  "bash -c while :; do pgrep -af sglang::scheduler; sleep 1; done"}
+        deadline = time.time() + 10
+        while True:
+            before = procs(lab, host)
+            bystanders = {p: v for p, v in before.items() if v["cmd"] in wanted and v["uid"] == 0}
+            if len(bystanders) == len(wanted) or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        assert sorted(v["cmd"] for v in bystanders.values()) == sorted(wanted)
+        assert all(re.search(OLD_SUBSTRING_PATTERN, v["cmd"]) for v in bystanders.values()), \
+            "the old substring match would not have hit them: the test proves nothing"
+
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert runner.status == "successful", open(runner.stdout.name).read()[-3000:]
+        signalled = {e["pid"] for e in last_stop_result(lab, runner, host)["signalled"]}
+        assert signalled and not signalled & set(bystanders)
+        after = procs(lab, host)
+        for pid, v in bystanders.items():
+            assert pid in after and after[pid]["start"] == v["start"], "%s was signalled" % v["cmd"]
+        assert lab.wait_http(host, timeout_s=10) == 200
+    finally:
+        for pgid in groups:
+            lab.exec(host, ["kill", "-9", "--", "-%d" % pgid])
+
+
+@pytest.mark.lab_only_once
+def test_a_stop_longer_than_15_s_prints_progress_lines(lab):
+    # The orphan ignores SIGTERM, so the stop lasts the whole grace (20 s): a line must come before 15 s.
+    host = lab.hosts[1]
+    lab.fault(host, orphan_worker=7, worker_ignores_sigterm=True)
+    try:
+        launch(lab, host)
+        orphan = [p for p, v in procs(lab, host).items() if v["cmd"] == "sglang::scheduler_TP7"]
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_stop_grace_s=20), limit=host, tags="stop")
+        out = open(runner.stdout.name).read()
+        assert runner.status == "successful", out[-3000:]
+        lines = [line for line in out.splitlines() if "processes to exit after SIGTERM" in line]
+        assert lines, out[-3000:]
+        assert re.search(r"waiting for 1 of \d+ processes to exit after SIGTERM: pid %d sglang::scheduler_TP7; "
+                         r"1\d s of 20 s grace, then SIGKILL" % orphan[0], lines[0]), lines
+        res = last_stop_result(lab, runner, host)
+        assert res["stop_ms"] >= 20000
+        assert {e["pid"]: e for e in res["signalled"]}[orphan[0]]["ended"] == "after SIGKILL"
+    finally:
+        lab.clear_faults(host)

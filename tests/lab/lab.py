@@ -51,6 +51,8 @@ FAULT_KNOBS = {
     "crash_on_start": "stand-in exits 1 after loading, before HTTP (bool)",
     "crash_with_arg": "like crash_on_start, only for a start whose argv holds this text (str, e.g. a flag)",
     "orphan_worker": "TP rank whose worker detaches to PID 1 of the host, outside the process group (int|true=7)",
+    "zombie_worker": "TP rank whose worker detaches like orphan_worker, then its main thread exits while another "
+                     "thread keeps its GPU memory: <defunct> (state Z) yet holding (int|true=7)",
     "port_held": "a stray listener holds this port on the host (int|true=30000)",
     "stale_shm": "stale /dev/shm segments nccl-*, sgl_shm_1, cuda.shm.0 (bool|MiB per file)",
     "tokens_per_s": "stand-in /generate speed (float, default 120)",

@@ -26,6 +26,8 @@ Launched as ``<host venv python> sglang_standin.py <sglang.launch_server flags>`
 
 Fault knobs (HOST_DIR/faults.json, set with ``lab.py fault``): slow_load_s, crash_on_start, crash_with_arg,
 worker_ignores_sigterm, orphan_worker (that TP rank double-forks away to the host's PID 1, new session),
+zombie_worker (that TP rank detaches like an orphan, then its main thread exits while a thread holding the
+worker's GPU memory and fds lives on: ``<defunct>``, state Z, memory held until the last thread dies),
 tokens_per_s (read per request), worker_mib.
 
 Real-GPU mode (opt-in, for tests/gpu/real_restart.sh on a machine with NVIDIA GPUs and torch): with
@@ -268,8 +270,21 @@ def hold_cuda(gpu, mib):
     return held
 
 
-def worker_main(rank, gpu, mib, title, ready_name, ignore_sigterm, orphan):
-    """Body of a spawned worker: title, PDEATHSIG, GPU device open, memory held, then wait forever."""
+def _hold_forever(keep):
+    """Body of a defunct worker's surviving thread: keeps ``keep`` (memory, fds) referenced forever."""
+    import threading
+    threading.Event().wait()
+    del keep  # noqa
+
+
+def worker_main(rank, gpu, mib, title, ready_name, ignore_sigterm, orphan, defunct=False):
+    """Body of a spawned worker: title, PDEATHSIG, GPU device open, memory held, then wait forever.
+
+    ``defunct``: after registering, the main thread exits (libc ``pthread_exit``; Python's own exit paths would
+    end the process or join the thread first) while a non-daemon thread holds everything: the process shows as
+    ``<defunct>`` with an empty /proc/<pid>/cmdline and fd dir, its thread keeps the gpusimd connection (shared fd
+    table) and so the memory (FIELD-NOTES 2026-11-30).
+    """
     import nsutil
     if orphan:
         # Leave the server's process tree: double fork, new session; the grandchild is re-parented to the
@@ -301,6 +316,11 @@ def worker_main(rank, gpu, mib, title, ready_name, ignore_sigterm, orphan):
     ready = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     ready.connect(ready_name)
     ready.sendall((json.dumps({"rank": rank, "pid": os.getpid(), "orphan": bool(orphan)}) + "\n").encode())
+    if defunct:
+        import ctypes
+        import threading
+        threading.Thread(target=_hold_forever, args=((held, devs, ready),), name="holder", daemon=False).start()
+        ctypes.CDLL(None).pthread_exit(None)  # releases the GIL first (ctypes), so the holder thread runs on
     while True:
         signal.pause()
     del held, devs  # noqa  (kept referenced until death)
@@ -336,12 +356,21 @@ class Server:
         orphan_rank = f.get("orphan_worker")
         if orphan_rank is True:
             orphan_rank = tp - 1
+        defunct_rank = f.get("zombie_worker")
+        if defunct_rank is True:
+            defunct_rank = tp - 1
         jobs = [(r, r % gpusim.GPU_COUNT, mib, "sglang::scheduler_TP%d" % r, orphan_rank is not None
-                 and orphan_rank is not False and int(orphan_rank) == r) for r in range(tp)]
-        jobs.append((-1, None, 0, "sglang::detokenizer", False))
-        for rank, gpu, m, title, orphan in jobs:
+                 and orphan_rank is not False and int(orphan_rank) == r,
+                 defunct_rank is not None and defunct_rank is not False and int(defunct_rank) == r)
+                for r in range(tp)]
+        jobs.append((-1, None, 0, "sglang::detokenizer", False, False))
+        for rank, gpu, m, title, orphan, defunct in jobs:
+            # A defunct worker detaches like an orphan: the server's kill of its children (SGLang's
+            # kill_process_tree walks its children) would otherwise end it.
+            orphan = orphan or defunct
             p = ctx.Process(target=worker_main, name=title,
-                            args=(rank, gpu, m, title, ready_name, bool(f.get("worker_ignores_sigterm")), orphan))
+                            args=(rank, gpu, m, title, ready_name, bool(f.get("worker_ignores_sigterm")), orphan,
+                                  defunct))
             p.daemon = False
             p.start()
             if not orphan:
