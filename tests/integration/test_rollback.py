@@ -246,3 +246,50 @@ def test_a_slow_load_prints_progress_lines_while_it_waits(lab):
     # the lines reach the job output (AWX shows stdout) through the gpufleet_summary callback, not only the events
     assert out.count("%s: waiting for /health_generate on 127.0.0.1:30000" % host) >= 3, out[-3000:]
     assert lab.wait_http(host) == 200
+
+
+@pytest.mark.lab_only_once
+def test_verify_failing_stops_the_new_server_and_rolls_back(lab):
+    host = lab.hosts[1 % len(lab.hosts)]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    # The new server comes up, then verification fails (more workers demanded than tp-size 8 gives).
+    runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(changed_config(lab, host), sglang_verify_min_workers=99))
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-4000:]
+    assert facts(lab, runner, host, "_gpufleet_failed_phase") == "verify"
+    new_pid = [d for d in lab.events(runner, "runner_on_ok", "sglang_process") if d["host"] == host][0]["res"]["pid"]
+    rollback = facts(lab, runner, host, "_gpufleet_rollback")
+    assert rollback["state"] == "rolled_back", rollback
+    # the new server (which served, but failed verification) was stopped before the previous one came back
+    [stop] = [d for d in lab.events(runner, "runner_on_ok", "sglang_stop")
+              if d["task"] == "Rollback - stop the server this run launched and its leftovers"]
+    assert any(e["pid"] == new_pid for e in stop["res"]["signalled"]), stop["res"]["signalled"]
+    assert not alive(lab, host, new_pid)
+    assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+    assert launch_record(lab, host) == record, "a failed run must not replace the launch record"
+
+
+@pytest.mark.lab_only_once
+def test_without_a_launch_record_only_the_file_is_restored_and_the_run_says_so(lab):
+    host = lab.hosts[0]
+    ensure_serving(lab, host)
+    before_sha = engine_sha(lab, host)
+    record_file = "%s/launch.json" % state_dir(lab, host)
+    lab.exec(host, ["mv", record_file, record_file + ".test-saved"], check=True)
+    lab.fault(host, crash_with_arg="--max-running-requests")
+    try:
+        runner = lab.run_playbook(PLAYBOOK, limit=host,
+                                  extravars=changed_config(lab, host, {"max-running-requests": 7}))
+        assert runner.status == "failed", stdout_of(runner)[-4000:]
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "file_only", rollback
+        assert "engine.py restored" in rollback["detail"] and "there is no launch record" in rollback["detail"]
+        assert "The host is not serving" in rollback["detail"]
+        assert engine_sha(lab, host) == before_sha
+        assert lab.wait_http(host, timeout_s=1) is None
+    finally:
+        lab.clear_faults(host)
+        lab.exec(host, ["mv", record_file + ".test-saved", record_file])
+    ensure_serving(lab, host)
+    assert lab.wait_http(host) == 200
