@@ -80,7 +80,8 @@ options:
     type: path
   exit_file:
     description:
-      - File where the reaper writes the server's exit status as JSON (C(pid), C(returncode), C(ended_at)).
+      - File where the reaper writes the server's exit status as JSON (C(pid), C(returncode), C(started_at),
+        C(ended_at); epoch seconds).
       - Default O(pid_file) with C(.exit) appended.
     type: path
   pid:
@@ -451,10 +452,11 @@ def start_reaped(argv, env, chdir, log_file, exit_file):
             except OSError as exc:
                 os.write(write_fd, json.dumps({"error": str(exc)}).encode())
                 os._exit(127)
+            started_at = time.time()
             os.write(write_fd, json.dumps({"pid": proc.pid}).encode())
             os.close(write_fd)
             rc = proc.wait()
-            write_file_atomic(exit_file, json.dumps({"pid": proc.pid, "returncode": rc,
+            write_file_atomic(exit_file, json.dumps({"pid": proc.pid, "returncode": rc, "started_at": started_at,
                                                      "ended_at": time.time()}) + "\n")
         except BaseException:
             code = 1
@@ -478,16 +480,23 @@ def start_reaped(argv, env, chdir, log_file, exit_file):
     return answer["pid"]
 
 
-def read_exit_file(exit_file, pid):
-    """Exit status (int) the reaper recorded for ``pid`` in ``exit_file``; None when absent or for another pid."""
+def read_exit_record(exit_file, pid):
+    """The reaper's record for ``pid`` in ``exit_file``: {"pid", "returncode", "started_at", "ended_at"} (epoch s).
+
+    None when the file is absent, unreadable or about another pid.
+    """
     try:
         with open(exit_file) as handle:
             record = json.load(handle)
     except (OSError, ValueError):
         return None
-    if record.get("pid") != pid:
-        return None
-    return record.get("returncode")
+    return record if isinstance(record, dict) and record.get("pid") == pid else None
+
+
+def read_exit_file(exit_file, pid):
+    """Exit status (int, negative = killed by that signal) the reaper recorded for ``pid``; None when unknown."""
+    record = read_exit_record(exit_file, pid)
+    return record.get("returncode") if record else None
 
 
 def unit_show(run_command, unit):
@@ -605,7 +614,8 @@ def probe_port(host, port, timeout_s=1.0):
 def probe_url(url, timeout_s):
     """(status int or None, text): 200 when GET ``url`` answered 200, else the status or error text."""
     try:
-        resp = open_url(url, method="GET", timeout=timeout_s, validate_certs=True)
+        # The server is on this host: never through an http_proxy from the environment.
+        resp = open_url(url, method="GET", timeout=timeout_s, validate_certs=True, use_proxy=False)
         return resp.getcode(), "HTTP %s" % resp.getcode()
     except Exception as exc:  # urllib HTTPError carries a code (503 while warming up); others are text
         code = getattr(exc, "code", None)
@@ -661,6 +671,9 @@ class Waiter(object):
     def died(self, elapsed_s):
         """(msg, extra result) for a server that is gone."""
         rc = self.exit_code_of(self.pid)
+        record = read_exit_record(self.p["exit_file"], self.pid) if self.p["exit_file"] else None
+        if record and record.get("started_at") and record.get("ended_at"):
+            elapsed_s = record["ended_at"] - record["started_at"]  # it may have died before this call began
         tail = log_tail(self.p["log_file"], self.p["log_tail_lines"], self.p["log_offset"]) if self.p["log_file"] else ""
         listeners = [item for item in port_listeners(self.p["port"], self.p["host"]) if item["pid"] != self.pid]
         holder = (" Port %d is held by %s: that is why it could not serve (SGLang exits on EADDRINUSE)."
