@@ -185,8 +185,10 @@ signalled:
     cmdline: {description: "Command line or title (/proc/<pid>/cmdline; of a live thread for a defunct process).", type: str}
     user: {description: Owner., type: str}
     reason: {description: "Why it was chosen: C(pid_file), C(process_group) or C(pattern) (it runs SGLang).", type: str}
-    defunct: {description: "True for a C(<defunct>) process whose other threads still live (gets SIGKILL at once).", type: bool}
-    start_ticks: {description: "Start time in clock ticks after boot (/proc/<pid>/stat field 22); with the pid it identifies the process across slices.", type: int}
+    defunct: {description: "True for a C(<defunct>) process whose other threads still live (gets SIGKILL at
+      once).", type: bool}
+    start_ticks: {description: "Start time in clock ticks after boot (/proc/<pid>/stat field 22); with the pid
+      it identifies the process across slices.", type: int}
     signals: {description: Signals sent in order (C(SIGTERM), C(SIGKILL)); empty in check mode., type: list, elements: str}
     ended: {description: "C(after SIGTERM), C(after SIGKILL), C(would signal) (check mode), C(waiting) (the grace
       still runs: C(done=false)) or C(still running) (survived SIGKILL).", type: str}
@@ -205,8 +207,8 @@ started_at:
   returned: always
   type: float
 progress:
-  description: "One line on where the stop stands, e.g. C(waiting for 3 of 12 processes to exit after SIGTERM:
-    pid 123 sglang::scheduler_TP3, ...; 20 s of 60 s grace, then SIGKILL)."
+  description: "One line on where the stop stands, for example: waiting for 3 of 12 processes to exit after
+    SIGTERM: pid 4242 C(sglang::scheduler_TP3), ...; 20 s of 60 s grace, then SIGKILL."
   returned: always
   type: str
 removed_shm:
