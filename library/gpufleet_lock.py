@@ -47,6 +47,8 @@ options:
     description:
       - Lease length in seconds. The lock expires this long after its last renewal unless renewed again.
       - "For O(state=renewed), O(lease_s) replaces the length recorded at take time."
+      - "A lock without lease fields (written by an earlier gpufleet release, or by hand) counts as held for
+        O(lease_s) after its last modification (without the O(min_lease_s) floor)."
     type: int
     default: 300
   min_lease_s:
@@ -187,6 +189,9 @@ def run(params, check_mode):
     path = params["path"].rstrip("/")
     state = params["state"]
     owner = dict(params.get("owner") or {})
+    # A lock of an earlier release (no lease fields) is judged by the lease asked for, without the floor: that
+    # is what gpufleet_lock_stale_s meant for it ("age after which a lock left by a dead run is taken over").
+    legacy_lease_s = max(int(params["lease_s"]), 1)
     lease_s = max(int(params["lease_s"]), int(params["min_lease_s"] or 0))
     out = {"changed": False, "acquired": False, "lock": None, "lease_s": lease_s}
     if lease_s < 1:
@@ -196,20 +201,21 @@ def run(params, check_mode):
     if needs_owner and not str(owner.get("run_id") or "").strip():
         return True, dict(out, result="refused", msg="gpufleet_lock: state=%s needs owner.run_id" % state)
     run_id = str(owner.get("run_id", ""))
-    before = read_holder(path, lease_s)
+    before = read_holder(path, legacy_lease_s)
 
     if state == "query":
         return False, dict(out, result="held" if before else "free", lock=before,
                            msg="%s: %s" % (path, ("held by " + describe(before)) if before else "no lock"))
 
     if state == "present":
-        result, holder = take_lease(path, owner, lease_s, params.get("take_over_run_id"), check_mode)
+        result, holder = take_lease(path, owner, lease_s, params.get("take_over_run_id"), check_mode,
+                                    legacy_lease_s=legacy_lease_s)
         if result == "refused":
             return True, dict(out, result=result, previous_holder=holder, lock=holder,
                               msg="locked by another restart: %s. Nothing was changed. Wait for that run to "
                                   "finish or for its lease to expire; if it is certainly gone, run "
                                   "playbooks/unlock.yml for this host" % describe(holder))
-        after = read_holder(path, lease_s) if not check_mode else None
+        after = read_holder(path, legacy_lease_s) if not check_mode else None
         msg = "lock %s %s" % (path, "would be taken" if check_mode else "taken")
         if result == "taken_over":
             msg += " over from %s" % describe(holder)

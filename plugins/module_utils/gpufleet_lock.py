@@ -177,14 +177,17 @@ def _renewed(record, lease_s, now):
     return out
 
 
-def take_lease(lock_dir, owner, lease_s=DEFAULT_LEASE_S, take_over_run_id=None, check_mode=False, now=None):
+def take_lease(lock_dir, owner, lease_s=DEFAULT_LEASE_S, take_over_run_id=None, check_mode=False, now=None,
+               legacy_lease_s=None):
     """Take the lock for ``owner`` unless another run holds an unexpired lease.
 
     ``owner``: dict with at least ``run_id`` (str; the identity renewals and the release are checked
     against), usually also ``controller``, ``pid``, ``user`` (the controller side of the run).
     ``lease_s`` (int, s): how long the lock stays valid without a renewal. ``take_over_run_id``: take the lock
     even if unexpired when its holder's run_id is exactly this (the caller proved that run dead; a lock that
-    changed hands meanwhile is not touched). Creates the parent directory (0755) when missing.
+    changed hands meanwhile is not touched). ``legacy_lease_s`` (s; default ``lease_s``): how long a lock without
+    lease fields (an earlier release's) counts as held after its mtime. Creates the parent directory (0755)
+    when missing.
 
     Returns ``(result, holder)``: result is ``"taken"`` (no lock, or it was ours already: renewed),
     ``"taken_over"`` (expired or named by ``take_over_run_id``: ``holder`` is the previous owner) or
@@ -200,7 +203,7 @@ def take_lease(lock_dir, owner, lease_s=DEFAULT_LEASE_S, take_over_run_id=None, 
         except OSError as exc:
             raise LockError("cannot create the state directory %s: %s" % (parent, exc))
     with _guard(lock_dir, check_mode):
-        holder = read_holder(lock_dir, lease_s, now)
+        holder = read_holder(lock_dir, legacy_lease_s or lease_s, now)
         result = "taken"
         if holder is not None:
             if holder.get("run_id") == str(owner["run_id"]) and not holder.get("legacy"):
@@ -220,7 +223,7 @@ def take_lease(lock_dir, owner, lease_s=DEFAULT_LEASE_S, take_over_run_id=None, 
             except OSError as exc:
                 if exc.errno == errno.EEXIST:
                     # An earlier release (mkdir, no flock) created it between our read and mkdir.
-                    return "refused", read_holder(lock_dir, lease_s, now)
+                    return "refused", read_holder(lock_dir, legacy_lease_s or lease_s, now)
                 raise LockError("cannot create %s: %s" % (lock_dir, exc))
         record = dict((k, v) for k, v in owner.items() if v is not None)
         record["run_id"] = str(owner["run_id"])

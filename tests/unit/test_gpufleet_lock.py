@@ -218,3 +218,15 @@ def test_module_query_and_forced_remove_for_unlock(lock_dir, capsys):
 def test_module_needs_a_run_id_to_take(lock_dir, capsys):
     res = run_main({"path": lock_dir, "owner": {"controller": "x"}}, capsys)
     assert res["failed"] and "owner.run_id" in res["msg"] and not os.path.exists(lock_dir)
+
+
+def test_module_judges_a_legacy_lock_by_lease_s_without_the_floor(lock_dir, capsys):
+    os.makedirs(lock_dir)
+    with open(os.path.join(lock_dir, "owner.json"), "w") as handle:
+        json.dump({"run_id": "old-1", "controller": "awx-1", "pid": 99}, handle)
+    past = time.time() - 5
+    os.utime(lock_dir, (past, past))
+    os.utime(os.path.join(lock_dir, "owner.json"), (past, past))
+    res = run_main({"path": lock_dir, "owner": owner("r2"), "lease_s": 1, "min_lease_s": 300}, capsys)
+    assert res["result"] == "taken_over" and res["previous_holder"]["run_id"] == "old-1"
+    assert res["lock"]["lease_s"] == 300
