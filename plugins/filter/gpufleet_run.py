@@ -73,8 +73,8 @@ def gpufleet_serial_error(value):
     if not problems:
         return ""
     return ("gpufleet_serial=%s is not valid: %s. Give a number of hosts per batch (1, 2, ...), a percentage of "
-            "the targeted hosts (\"25%%\") or a list of those ([1, \"50%%\"]); leave it empty for 1"
-            % (_show(value), "; ".join(problems)))
+            "the targeted hosts (\"25%%\") or a list of those (JSON extra vars: -e '{\"gpufleet_serial\": "
+            "[1, \"50%%\"]}'); leave it empty for 1" % (_show(value), "; ".join(problems)))
 
 
 def gpufleet_serial_value(value):
