@@ -10,8 +10,9 @@ short_description: Stop an SGLang server and its leftover processes, scoped so n
 description:
   - Stops the SGLang server started by gpufleet and SGLang processes left over from earlier servers, all in one
     grace period, then removes stale shared-memory segments.
-  - "What is stopped: the process named by O(pid_file) (written by the C(sglang_process) module) and every
-    process of its session/process group (reason C(pid_file), C(process_group)), and every other process that
+  - "What is stopped: the process named by O(pid_file) (written by the C(sglang_process) module), every
+    process of its session/process group and its other descendants (reason C(pid_file), C(process_group),
+    C(process_tree)), and every other process that
     runs SGLang (reason C(pattern)), orphaned workers re-parented to PID 1 included. For the systemd method the
     role stops the unit first (C(KillMode=control-group)) and this module then ends what is left outside it."
   - "How: all of them get SIGTERM at the same moment; the module waits once, up to O(grace_s) seconds from that
@@ -184,7 +185,8 @@ signalled:
     pid: {description: Process id., type: int}
     cmdline: {description: "Command line or title (/proc/<pid>/cmdline; of a live thread for a defunct process).", type: str}
     user: {description: Owner., type: str}
-    reason: {description: "Why it was chosen: C(pid_file), C(process_group) or C(pattern) (it runs SGLang).", type: str}
+    reason: {description: "Why it was chosen: C(pid_file), C(process_group) (the server's session or process
+      group), C(process_tree) (another descendant of the server) or C(pattern) (it runs SGLang).", type: str}
     defunct: {description: "True for a C(<defunct>) process whose other threads still live (gets SIGKILL at
       once).", type: bool}
     start_ticks: {description: "Start time in clock ticks after boot (/proc/<pid>/stat field 22); with the pid
@@ -481,17 +483,31 @@ def protected_pids(self_pid=None):
 
 
 def select_server(procs, main_pid, user_set, protected, protect_re):
-    """Targets of the server itself: the pid-file process plus its session/process-group members.
+    """Targets of the server itself: the pid-file process, its session/process-group members, and its other
+    descendants (a child that left the group with setsid, found through the ppid chain).
 
-    Returns a list of (Proc, reason). Filters: owner in ``user_set`` (set of user names), pid not in
-    ``protected``, command line not matching ``protect_re``.
+    Returns a list of (Proc, reason), reason ``pid_file``, ``process_group`` or ``process_tree``. Filters: owner
+    in ``user_set`` (set of user names), pid not in ``protected``, command line not matching ``protect_re``.
     """
+    parent = {proc.pid: proc.ppid for proc in procs}
+
+    def descends(pid):
+        seen = set()
+        while pid and pid not in seen:
+            seen.add(pid)
+            pid = parent.get(pid)
+            if pid == main_pid:
+                return True
+        return False
+
     chosen = []
     for proc in procs:
         if proc.pid == main_pid:
             reason = "pid_file"
         elif main_pid and (proc.pgid == main_pid or proc.sid == main_pid):
             reason = "process_group"
+        elif main_pid and descends(proc.pid):
+            reason = "process_tree"
         else:
             continue
         if _allowed(proc, user_set, protected, protect_re):

@@ -82,9 +82,13 @@ def test_server_phase_takes_pid_file_process_and_its_group_but_not_monitor_in_gr
         P(32, "helper without title", pgid=30, sid=30, ppid=30),
         P(33, "nvidia-smi --query-gpu=memory.used", pgid=30, sid=30, ppid=30),
         P(34, "sglang::scheduler_TP0", pgid=99, sid=99),              # another server: not in phase 1
+        P(35, "helper that called setsid", pgid=35, sid=35, ppid=31),  # left the group, still the server's tree
+        P(36, "its child", pgid=35, sid=35, ppid=35),
+        P(37, "unrelated", pgid=37, sid=37, ppid=1),
     ]
     chosen = stop.select_server(procs, 30, {"sglang"}, set(), PROTECT)
-    assert [(p.pid, r) for p, r in chosen] == [(30, "pid_file"), (31, "process_group"), (32, "process_group")]
+    assert [(p.pid, r) for p, r in chosen] == [(30, "pid_file"), (31, "process_group"), (32, "process_group"),
+                                               (35, "process_tree"), (36, "process_tree")]
 
 
 def test_pid_file_naming_a_reused_pid_is_stale(tmp_path):
@@ -406,7 +410,7 @@ def test_one_grace_for_server_and_orphans_the_tracker_exits_when_the_orphan_does
     by_pid = {e["pid"]: e for e in result["signalled"]}
     assert by_pid[server.pid]["reason"] == "pid_file"
     assert by_pid[tracker]["reason"] == "process_group"
-    assert by_pid[orphan]["reason"] == "pattern"
+    assert by_pid[orphan]["reason"] == "process_tree"  # the server's child in another session (the lab's is re-parented)
     assert all(e["signals"] == ["SIGTERM"] and e["ended"] == "after SIGTERM" for e in by_pid.values()), by_pid
     assert result["stop_ms"] < 5000, "the tracker must not cost the grace: %d ms" % result["stop_ms"]
 
