@@ -205,7 +205,7 @@ def test_missing_nccl_anchor_fails_naming_the_file(fleet):
 # runs restart.yml against that host and asserts the refusal, that the stop never ran, and that the same server
 # processes still answer /health_generate.
 
-RESTART = os.environ.get("D1TMP", "playbooks/restart.yml")
+RESTART = "playbooks/restart.yml"
 REAL_STOP = "Stop the server and SGLang leftovers"
 SGLANG_PS = ("import json, os, re\n"
              "pat = re.compile(r'sglang::|sglang\\.launch_server')\n"
@@ -332,25 +332,20 @@ def test_foreign_gpu_job_with_warn_is_reported_and_preflight_passes(fleet, servi
 
 
 @pytest.mark.lab_only_once
-def test_driver_error_refuses_the_host_while_the_old_server_serves(fleet, serving):
+@pytest.mark.parametrize("knobs,extravars,expected", [
+    ({"smi_rc": 9}, {}, "communicate with the NVIDIA driver"),
+    ({"gpus_visible": 7}, {"gpufleet_expected_gpus": 8}, "7"),
+], ids=["driver-not-answering", "fewer-gpus"])
+def test_driver_error_refuses_the_host_while_the_old_server_serves(fleet, serving, knobs, extravars, expected):
     host, pids = serving
-    smi = os.path.join(fleet.host_dirs[host], "bin", "nvidia-smi")
-    with open(smi, "rb") as fh:
-        original = fh.read()
-    mode = os.stat(smi).st_mode
-    # What nvidia-smi prints when the kernel driver does not answer (rc 9); the running server keeps its GPUs.
-    broken = ("#!/bin/sh\necho \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
-              "Make sure that the latest NVIDIA driver is installed and running.\"\nexit 9\n")
+    fleet.fault(host, **knobs)
     try:
-        with open(smi, "w") as fh:
-            fh.write(broken)
-        runner = fleet.run_playbook(RESTART, limit=host)
+        runner = fleet.run_playbook(RESTART, limit=host, extravars=extravars)
     finally:
-        with open(smi, "wb") as fh:
-            fh.write(original)
-        os.chmod(smi, mode)
-    text = assert_refused_and_still_serving(fleet, runner, host, pids, "GPUs not usable: ")
-    assert "communicate with the NVIDIA driver" in text or "driver" in text.lower()
+        fleet.fault(host, **{k: None for k in knobs})
+    text = assert_refused_and_still_serving(fleet, runner, host, pids, "GPUs not usable: ",
+                                            "the running server is left as it is")
+    assert expected in text.split("GPUs not usable: ", 1)[1]
 
 
 @pytest.mark.lab_only_once
