@@ -206,6 +206,65 @@ def test_json_stdout_stays_valid_json_and_carries_the_rows(lab):
     assert "GPUFLEET SUMMARY" not in proc.stdout
 
 
+@pytest.mark.lab_only_once
+def test_ssh_lost_during_launch_is_unreachable_with_what_the_host_may_be_doing(lab):
+    # Finding 11: the host's sshd goes away while the model loads (a one-off drop of the connection is
+    # survived: the readiness wait is a series of short calls that reconnect); the server comes up anyway.
+    host = lab.hosts[1]
+    before = ensure_serving(lab, host)
+    lab.fault(host, slow_load_s=25)
+    state_dir = lab.host_vars(host)["sglang_state_dir"]
+    ssh_dir = os.path.join(lab.host_dirs[host], "ssh")
+    sshd_pid = lab.exec(host, ["cat", os.path.join(ssh_dir, "sshd.pid")], check=True).stdout.strip()
+    result = {}
+
+    def cut_ssh_during_launch():
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            pid = server_pid(lab, host)
+            if pid and pid != before and owner_record(lab, host):
+                time.sleep(3)
+                # The listener and every sshd process serving a connection die (the commands they ran stay).
+                code = ("import psutil, sys\n"
+                        "top = psutil.Process(int(sys.argv[1]))\n"
+                        "kids = [p for p in top.children(recursive=True) if p.name().startswith('sshd')]\n"
+                        "[p.kill() for p in [top] + kids]\nprint(len(kids) + 1)\n")
+                cut = lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", code, sshd_pid])
+                result["cut"] = int(cut.stdout.strip() or 0) if cut.returncode == 0 else -1
+                return
+            time.sleep(0.3)
+
+    import threading
+    cutter = threading.Thread(target=cut_ssh_during_launch)
+    cutter.start()
+    try:
+        runner = lab.run_playbook(RESTART, extravars=dict(FAST, gpufleet_lock_lease_s=30, gpufleet_lock_margin_s=5,
+                                                          gpu_memory_wait_timeout_s=10,
+                                                          sglang_verify_request_timeout_s=5), limit=host)
+        cutter.join()
+        out = stdout_of(runner)
+        assert result.get("cut", 0) > 0, "sshd was not stopped"
+        assert runner.status == "failed", out[-3000:]
+        assert host in {d["host"] for d in lab.events(runner, "runner_on_unreachable")}
+        notes = out.split("GPUFLEET SUMMARY", 1)[1]
+        assert summary_rows(out)[host][1] == "unreachable", notes
+        assert "%s: unreachable in launch" % host in notes and "the server may have come up" in notes
+        assert "check.yml" in notes
+        row = custom_stats(runner)["gpufleet_restart"][host]
+        assert row["result"] == "unreachable" and row["phase"] == "launch"
+        # The lock stays (no always: ran) but only for its lease.
+        held = owner_record(lab, host)
+        assert held and held["lease_s"] == 30 and held["expires_at"] <= time.time() + 30
+        assert lab.wait_http(host, timeout_s=60) == 200, "the launched server came up without the run"
+    finally:
+        cutter.join()
+        lab.exec(host, ["/usr/sbin/sshd", "-f", os.path.join(ssh_dir, "sshd_config"), "-E",
+                        os.path.join(ssh_dir, "sshd.log")])
+        lab.clear_faults(host)
+        lab.exec(host, ["rm", "-rf", "%s/restart.lock" % state_dir])
+    ensure_serving(lab, host)
+
+
 # -- the AWX case ------------------------------------------------------------------------------------------
 
 RUNNER_SCRIPT = textwrap.dedent("""
