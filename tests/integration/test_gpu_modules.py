@@ -307,9 +307,13 @@ def test_wait_fails_at_once_on_na_memory_hang_and_handle_error(lab):
 @pytest.mark.lab_only_once
 def test_gpu_memory_wait_role_prints_progress_between_slices_until_release(lab, standin):
     """The role waits in 2 s slices: while the stand-in holds memory a progress line is printed, then the
-    stop (scheduled inside the host after 5 s) releases it and the release time counts from the first slice."""
+    stop (scheduled inside the host 3 s after the wait's first nvidia-smi poll, so a slow playbook start on a
+    loaded machine cannot race it) releases it and the release time counts from the first slice."""
     host, pid = standin
-    lab.exec(host, ["sh", "-c", "(sleep 5; kill -TERM %d) >/dev/null 2>&1 &" % pid], check=True)
+    # [.] keeps the watcher's own command line from matching its pattern
+    watcher = ("(i=0; while [ $i -lt 1200 ] && ! pgrep -f 'memory[.]used,memory[.]total' >/dev/null; do"
+               " i=$((i+1)); sleep 0.05; done; sleep 3; kill -TERM %d) >/dev/null 2>&1 &" % pid)
+    lab.exec(host, ["sh", "-c", watcher], check=True)
     runner = lab.run_playbook(os.path.join(ROOT, "tests", "integration", "playbooks", "gpu_memory_wait.yml"),
                               limit=host, extravars={"gpu_memory_wait_slice_s": 2, "gpu_memory_wait_timeout_s": 60,
                                                      "gpufleet_expected_gpus": 8}, tags="wait")
