@@ -464,7 +464,8 @@ def test_nvml_health_fields_from_the_recorded_calls():
     assert gpu["temperature_memory_c"] == 34 and gpu["pstate"] == "P0" and gpu["clocks_sm_mhz"] == 1980
     assert gpu["clocks_event_reasons"] == [] and gpu["mig_mode_current"] == "Disabled"
     assert gpu["retired_pages_pending"] is None
-    assert gpu["unsupported"]["retired_pages_single_bit_ecc_count"].startswith("Not Supported (nvmlDeviceGetRetiredPages")
+    assert gpu["unsupported"]["retired_pages_single_bit_ecc_count"].startswith(
+        "Not Supported (nvmlDeviceGetRetiredPages")
 
 
 def test_both_backends_agree_on_every_field_of_the_recorded_loaded_h200():
@@ -535,7 +536,8 @@ def test_smi_rc255_among_good_rows_is_a_device_handle_error_with_its_line_first(
 
 def test_smi_version_mismatch_is_its_own_class():
     with pytest.raises(G.DriverMismatchError) as err:
-        smi_backend(fail=(18, "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"))
+        smi_backend(fail=(18, "Failed to initialize NVML: Driver/library version mismatch\n"
+                              "NVML library version: 580.159\n"))
     assert err.value.error_class == "driver_mismatch" and "reboot" in err.value.msg.lower()
 
 

@@ -156,7 +156,8 @@ def test_info_device_holders_match_their_documentation(monkeypatch, nvml):
 # ------------------------------------------------------------------------------------------------ issue 9
 
 MISMATCH = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"
-LOST = "Unable to determine the device handle for GPU0000:00:07.0: GPU is lost.  Reboot the system to recover this GPU\n"
+LOST = ("Unable to determine the device handle for GPU0000:00:07.0: GPU is lost.  "
+        "Reboot the system to recover this GPU\n")
 HANDLE = "0, GPU-8b76e503-d849-6334-acea-f57e29736cb3, 00000000:00:06.0, NVIDIA H200\n" \
          "Unable to determine the device handle for GPU 0000:00:07.0: Unknown Error\n"
 
