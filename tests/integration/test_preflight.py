@@ -239,10 +239,19 @@ def sglang_pids(lab, host):
 
 @pytest.fixture
 def serving(fleet):
-    """(host, pids): a stand-in server on the last lab host, ready, with the pid file sglang_launch would write."""
+    """(host, pids): the last lab host serving, with the pid file sglang_launch writes. A server already running
+    there (an earlier test's restart.yml) is used as it is and left running; otherwise a stand-in is started and
+    stopped afterwards."""
     host = sorted(fleet.hosts)[-1]
-    assert sglang_pids(fleet, host) == set(), "%s already runs SGLang processes" % host
     state = fleet.host_vars(host)["sglang_state_dir"]
+    running = sglang_pids(fleet, host)
+    if running:
+        pid_text = fleet.exec(host, ["cat", "%s/sglang.pid" % state]).stdout.strip()
+        assert pid_text.isdigit() and int(pid_text) in running, \
+            "%s runs SGLang processes %s that no pid file names" % (host, sorted(running))
+        assert fleet.wait_http(host, timeout_s=60) == 200
+        yield host, sglang_pids(fleet, host)
+        return
     pid = fleet.start_standin(host)
     fleet.exec(host, ["sh", "-c", 'mkdir -p "$1" && echo "$2" > "$1/sglang.pid"', "sh", state, str(pid)], check=True)
     try:
