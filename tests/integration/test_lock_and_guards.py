@@ -185,6 +185,32 @@ def test_preflight_refusal_gives_every_target_a_row(lab):
         lab.fault(host, port_held=None)
 
 
+@pytest.mark.lab_only_once
+def test_failed_host_stops_the_roll_and_later_hosts_are_not_started(lab):
+    first, second = lab.hosts[0], lab.hosts[3]
+    for host in (first, second):
+        ensure_serving(lab, host)
+    before = server_pid(lab, second)
+    lab.fault(first, crash_on_start=True)
+    try:
+        runner = lab.run_playbook(RESTART, extravars=dict(FAST, gpufleet_serial=1), limit="%s,%s" % (first, second))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-3000:]
+        rows = summary_rows(out)
+        assert rows[first][1] in ("failed", "rolled_back") and rows[first][2] != "-", out[-3000:]
+        assert rows[second][1] == "not_started"
+        notes = out.split("GPUFLEET SUMMARY", 1)[1]
+        assert "%s: %s in launch:" % (first, rows[first][1]) in notes
+        assert "Fail with where to look" not in notes and "Show the server log" not in notes
+        published = custom_stats(runner)["gpufleet_restart"]
+        assert published[first]["phase"] == "launch" and published[first]["cause"]
+        assert published[second]["result"] == "not_started" and first in published[second]["cause"]
+        assert server_pid(lab, second) == before, "the host after the failed one must not be touched"
+    finally:
+        lab.clear_faults(first)
+    ensure_serving(lab, first)
+
+
 def _json_stdout_available(env):
     # ansible-doc answers 0 even without the collection; ansible-galaxy lists only what is installed.
     probe = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-galaxy"), "collection", "list",
