@@ -8,7 +8,7 @@ __metaclass__ = type
 DOCUMENTATION = r"""
 ---
 module: sglang_host_info
-short_description: What a restart will meet on the host (disk, /dev/shm, port, GPU holders, write access), read before it
+short_description: What a restart will meet on a host (disk, /dev/shm, port, GPU holders, write access)
 description:
   - Reports free space (MiB) on the filesystems holding O(paths) (C(os.statvfs); a path that does not exist yet
     is measured on its nearest existing parent), the size and free space of O(shm_path) and the stale
@@ -72,11 +72,13 @@ options:
       - Omitted means no GPU foresight (RV(gpu_after_stop) absent).
     type: dict
   max_used_mib:
-    description: Used memory per GPU, MiB, at or below which the wait counts a GPU as free (C(gpu_memory_wait_max_used_mib)).
+    description:
+      - Used memory per GPU, MiB, at or below which the wait counts a GPU as free (C(gpu_memory_wait_max_used_mib)).
     type: int
     default: 1024
   replace_files:
-    description: Files that will be replaced (temporary file in the same directory, then rename), e.g. SGLang's C(engine.py).
+    description:
+      - Files that will be replaced (temporary file in the same directory, then rename), e.g. SGLang's C(engine.py).
     type: list
     elements: path
     default: []
@@ -92,7 +94,8 @@ options:
     type: dict
     default: {}
   model_markers:
-    description: Flag (with dashes) to the file names one of which its directory must hold; unlisted flags need C(config.json).
+    description:
+      - Flag (with dashes) to the file names one of which its directory must hold; unlisted flags need C(config.json).
     type: dict
     default: {}
 attributes:
@@ -596,8 +599,8 @@ def dir_access(path):
     ok = _can_write_dir(checked)
     reason = None
     if not ok:
-        reason = "user %s cannot %s (%s)" % (
-            user, "write in %s" % path if checked == path else "create %s under %s" % (path, checked), _why_not(checked))
+        what = "write in %s" % path if checked == path else "create %s under %s" % (path, checked)
+        reason = "user %s cannot %s (%s)" % (user, what, _why_not(checked))
     return {"path": path, "purpose": "write", "user": user, "ok": ok, "checked_path": checked,
             "file_writable": None, "reason": reason}
 

@@ -212,7 +212,8 @@ SGLANG_PS = ("import json, os, re\n"
              "out = []\n"
              "for p in filter(str.isdigit, os.listdir('/proc')):\n"
              "    try:\n"
-             "        cmd = open('/proc/%s/cmdline' % p, 'rb').read().replace(b'\\0', b' ').decode('utf-8', 'replace')\n"
+             "        raw = open('/proc/%s/cmdline' % p, 'rb').read()\n"
+             "        cmd = raw.replace(b'\\0', b' ').decode('utf-8', 'replace')\n"
              "    except OSError:\n"
              "        continue\n"
              "    if pat.search(cmd) and int(p) != os.getpid(): out.append(int(p))\n"
@@ -312,7 +313,8 @@ def test_foreign_gpu_job_refuses_the_host_before_the_stop_and_the_server_keeps_s
         runner = fleet.run_playbook(RESTART, limit=host)
         text = assert_refused_and_still_serving(
             fleet, runner, host, pids,
-            "GPU memory held by a process the stop will not end: pid %d (user %s) holds 20000 MiB on GPU 3" % (holder, user),
+            "GPU memory held by a process the stop will not end: pid %d (user %s) holds 20000 MiB on GPU 3"
+            % (holder, user),
             "gpufleet_preflight_gpu_holders=warn")
         assert "sglang::scheduler" not in text  # the server's own workers are expected to go
         facts = module_results(runner, "sglang_host_info")[host]
@@ -362,7 +364,8 @@ def test_unwritable_engine_py_refuses_the_host_naming_the_user_and_the_remedy(fl
     host, pids = serving
     python = fleet.host_vars(host)["sglang_python"]
     locate = ("import importlib.util, os, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
-              "print(os.path.join(importlib.util.find_spec('sglang').submodule_search_locations[0], 'srt', 'entrypoints'))")
+              "d = importlib.util.find_spec('sglang').submodule_search_locations[0]; "
+              "print(os.path.join(d, 'srt', 'entrypoints'))")
     entrypoints = fleet.exec(host, [python, "-c", locate], check=True).stdout.strip()
     # A read-only bind mount in the host's own mount namespace: os.access(W_OK) says no and writes fail with
     # EROFS, as for a root-owned virtualenv and a non-root ssh user (the lab logs in as root, which permissions

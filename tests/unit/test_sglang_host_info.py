@@ -189,7 +189,8 @@ def test_gpu_memory_of_the_stop_set_is_expected_to_go():
 
 def test_foreign_compute_process_is_named_with_user_mib_gpus_and_command_line():
     train = dict(user="bob", cmdline="python train.py --epochs 3")
-    res = after([gpu(2, 140018, proc(101, 120000), proc(555, 20000, **train)), gpu(3, 20009, proc(555, 20000, **train))])
+    res = after([gpu(2, 140018, proc(101, 120000), proc(555, 20000, **train)),
+                 gpu(3, 20009, proc(555, 20000, **train))])
     assert res["blocked"] is True and res["unexplained"] == []
     (holder,) = res["holders"]
     assert holder["pid"] == 555 and holder["used_memory_mib"] == 40000 and holder["gpu_indices"] == [2, 3]
