@@ -418,7 +418,8 @@ def test_one_grace_for_server_and_orphans_the_tracker_exits_when_the_orphan_does
 # --- slices with progress, resumed by the role --------------------------------------------------------------
 def test_slices_report_progress_then_resume_sigkills_after_the_grace(unique_title, tmp_path, capsys):
     child = _start_titled(unique_title, ignore_term=True)
-    args = {"pattern": re.escape(unique_title), "grace_s": 1.2, "kill_timeout_s": 5, "slice_s": 0.4,
+    # A grace of many slices, so the test holds on a loaded machine (a slice ends at its own deadline).
+    args = {"pattern": re.escape(unique_title), "grace_s": 3.0, "kill_timeout_s": 5, "slice_s": 0.4,
             "shm_dir": str(tmp_path)}
     try:
         first = run_main(stop, args, capsys)
@@ -427,13 +428,13 @@ def test_slices_report_progress_then_resume_sigkills_after_the_grace(unique_titl
         assert entry["ended"] == "waiting" and entry["signals"] == ["SIGTERM"]
         assert first["progress"].startswith("waiting for 1 of 1 processes to exit after SIGTERM: pid %d %s"
                                             % (child.pid, unique_title))
-        assert "of 1 s grace, then SIGKILL" in first["progress"]
-        assert 300 <= first["stop_ms"] < 1200
+        assert "of 3 s grace, then SIGKILL" in first["progress"]
+        assert 300 <= first["stop_ms"] < 3000
         rounds = 0
         result = first
         while not result["done"]:
             rounds += 1
-            assert rounds < 10
+            assert rounds < 30
             result = run_main(stop, dict(args, resume=first), capsys)  # the role's until loop: same resume
         child.wait(timeout=5)
     finally:
@@ -442,8 +443,8 @@ def test_slices_report_progress_then_resume_sigkills_after_the_grace(unique_titl
             child.wait()
     [entry] = result["signalled"]
     assert entry["signals"] == ["SIGTERM", "SIGKILL"] and entry["ended"] == "after SIGKILL"
-    assert entry["wait_ms"] >= 1200 and result["stop_ms"] >= 1200
-    assert rounds >= 2, "the grace (1.2 s) spans several 0.4 s slices"
+    assert entry["wait_ms"] >= 3000 and result["stop_ms"] >= 3000
+    assert rounds >= 2, "the grace (3 s) spans several 0.4 s slices"
     again = run_main(stop, dict(args, resume=result), capsys)
     assert again["signalled"] == result["signalled"] and again["done"]
 
