@@ -151,6 +151,15 @@ def test_new_server_crashing_on_a_changed_flag_rolls_back_to_the_previous_launch
         assert "Rollback: rolled_back" in state_lines(lab, runner, host)
         assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
         assert "--max-running-requests" not in cmdline(lab, host, server_pid(lab, host))
+        # The operator reruns the same bad change: the server the first rollback relaunched (not the pid in the
+        # launch record) is stopped, and the recorded launch goes back again instead of leaving the host dark.
+        rolled_pid = server_pid(lab, host)
+        again = lab.run_playbook(PLAYBOOK, limit=host,
+                                 extravars=changed_config(lab, host, {"max-running-requests": 7}))
+        assert again.status == "failed", stdout_of(again)[-4000:]
+        rollback = facts(lab, again, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        assert_serves_previous_launch(lab, host, rolled_pid, before_sha, record)
     finally:
         lab.clear_faults(host)
 
