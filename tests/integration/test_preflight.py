@@ -149,9 +149,17 @@ def test_bad_nccl_variable_name_fails_before_any_other_check(fleet):
     assert module_results(runner, "sglang_server_args_info") == {}
 
 
+def stop_managed_server(lab, host):
+    """Stop the server an earlier test module may have left on ``host`` (the stray listener needs the port)."""
+    pid_file = lab.host_vars(host)["sglang_state_dir"] + "/sglang.pid"
+    runner = lab.run_module("sglang_stop", {"pid_file": pid_file, "grace_s": 15}, hosts=host)
+    assert runner.status == "successful", [d["res"].get("msg") for d in lab.events(runner, "runner_on_failed")]
+
+
 def test_port_held_by_a_stray_listener_fails_that_host_only(fleet):
     hosts = sorted(fleet.hosts)
     victim = hosts[0]
+    stop_managed_server(fleet, victim)
     fleet.fault(victim, port_held=True)
     try:
         runner = run(fleet)
