@@ -499,6 +499,17 @@ def read_exit_file(exit_file, pid):
     return record.get("returncode") if record else None
 
 
+def await_exit_file(exit_file, pid, timeout_s=2.0, poll_s=0.05):
+    """:func:`read_exit_file` for a ``pid`` already seen dead: the reaper writes the record right after its
+    ``wait()`` returns, which on a loaded host can come a moment after the pid is gone. None after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rc = read_exit_file(exit_file, pid)
+        if rc is not None or time.monotonic() >= deadline:
+            return rc
+        time.sleep(poll_s)
+
+
 def unit_show(run_command, unit):
     """``systemctl show`` MainPID, ExecMainStatus, ExecMainCode, ActiveState of ``unit`` as a dict of str."""
     rc, out, _ = run_command(["systemctl", "show", "-p", "MainPID", "-p", "ExecMainStatus", "-p", "ExecMainCode",
@@ -756,7 +767,7 @@ def run_ready(module, p, result):
             props = unit_show(module.run_command, p["unit"])
             status = props.get("ExecMainStatus", "")
             return int(status) if status.lstrip("-").isdigit() else None
-        return read_exit_file(exit_file, dead_pid) if exit_file else None
+        return await_exit_file(exit_file, dead_pid) if exit_file else None
 
     result.update(pid=pid, ready=False, lock_renewed=None)
     try:
@@ -841,12 +852,7 @@ def run_started(module, p, result):
     deadline = time.monotonic() + max(p["startup_check_s"], 0)
     while time.monotonic() < deadline:
         if process_start_epoch(pid) is None:
-            rc = None
-            for _ in range(20):  # the reaper writes the status right after wait() returns
-                rc = read_exit_file(p["exit_file"], pid)
-                if rc is not None:
-                    break
-                time.sleep(0.05)
+            rc = await_exit_file(p["exit_file"], pid)
             os.unlink(p["pid_file"])
             module.fail_json(msg="%s exited with status %s %.1f s after it started; full log: %s"
                              % (argv[0], "?" if rc is None else rc, time.time() - started_at, p["log_file"]),

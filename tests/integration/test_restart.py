@@ -304,8 +304,12 @@ def test_throughput_regression_fails_and_keeps_last_good(lab):
         stored = json.loads(lab.exec(host, ["cat", last_good], check=True).stdout)
         assert stored["tokens_per_s"] > 500  # 4 parallel requests at 1000 tokens/s each, minus HTTP overhead
         lab.fault(host, tokens_per_s=100)  # a tenth: far beyond the 30 % allowed
+        serving_pid = server_pid(lab, host)
         slow = lab.run_playbook(PLAYBOOK, extravars=smoke, limit=host, tags="verify")
         assert slow.status == "failed"
+        # a --tags verify run stopped and launched nothing: no rollback, the verified server keeps serving
+        assert server_pid(lab, host) == serving_pid and alive(lab, host, serving_pid)
+        assert lab.wait_http(host, path="/health_generate", status=200, timeout_s=10) is not None
         msgs = " ".join(d["res"].get("msg", "") for d in lab.events(slow, "runner_on_failed"))
         assert "below the last good" in msgs and str(stored["tokens_per_s"]) in msgs
         assert json.loads(lab.exec(host, ["cat", last_good], check=True).stdout) == stored
