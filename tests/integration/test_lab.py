@@ -60,6 +60,7 @@ def test_every_host_answers_ansible_ping_over_ssh(lab):
     assert all(d["res"]["ping"] == "pong" for d in lab.events(runner, "runner_on_ok"))
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_ssh_refuses_a_host_key_missing_from_the_lab_known_hosts(lab, tmp_path):
     """Host key checking is on: the same key and user with an empty known_hosts file must fail."""
     hv = lab.host_vars(lab.hosts[0])
@@ -76,6 +77,7 @@ def test_ssh_refuses_a_host_key_missing_from_the_lab_known_hosts(lab, tmp_path):
     assert good.stdout.strip() == lab.hosts[0]
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_password_login_is_refused(lab):
     hv = lab.host_vars(lab.hosts[0])
     res = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o", "PubkeyAuthentication=no", "-o", "ControlMaster=no",
@@ -123,6 +125,7 @@ def test_nvidia_smi_over_ssh_reports_eight_h200_per_host(lab):
     assert len(uuids) == 8 * len(lab.hosts)
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_patching_one_host_leaves_the_others_and_the_release_untouched(lab):
     if len(lab.hosts) < 2:
         pytest.skip("needs two hosts")
@@ -147,6 +150,7 @@ def test_patching_one_host_leaves_the_others_and_the_release_untouched(lab):
             fh.write(before[first])
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_standin_serves_holds_gpu_memory_passes_nccl_env_and_releases_on_sigterm(lab):
     host = lab.hosts[-1]
     env = dict(NCCL, SPT_NOENV="1")
@@ -189,6 +193,7 @@ def test_standin_serves_holds_gpu_memory_passes_nccl_env_and_releases_on_sigterm
     assert used == ["0"] * 8
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_worker_environ_is_overwritten_by_setproctitle_without_spt_noenv(lab):
     """Like real SGLang workers (setproctitle), /proc/<worker>/environ hides the environment unless SPT_NOENV."""
     host = lab.hosts[0]
@@ -204,6 +209,7 @@ def test_worker_environ_is_overwritten_by_setproctitle_without_spt_noenv(lab):
         _stop_standin(lab, host, pid)
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_port_held_fault_fails_the_start_only_after_loading(lab):
     host = lab.hosts[0]
     lab.fault(host, port_held=30000, slow_load_s=0.5)
@@ -225,6 +231,7 @@ def test_port_held_fault_fails_the_start_only_after_loading(lab):
     assert not any(a.startswith("stray-listener") for a in _ps(lab, host).values())
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_memory_never_released_fault_keeps_memory_until_cleared(lab):
     host = lab.hosts[0]
     lab.fault(host, memory_never_released=True)
@@ -245,6 +252,7 @@ def test_memory_never_released_fault_keeps_memory_until_cleared(lab):
     assert lab.gpus(host)[2]["used_mib"] == 0
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_monitor_keeps_nvidia_nodes_open_on_every_host(lab):
     for host in lab.hosts:
         procs = _ps(lab, host)
@@ -256,6 +264,7 @@ def test_monitor_keeps_nvidia_nodes_open_on_every_host(lab):
         assert comm == "nvidia-persiste"
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_proc_driver_nvidia_maps_bus_ids_to_minor_numbers(lab):
     host = lab.hosts[0]
     for g in lab.gpus(host):
@@ -266,6 +275,7 @@ def test_proc_driver_nvidia_maps_bus_ids_to_minor_numbers(lab):
         assert g["uuid"] in info
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_lab_down_leaves_no_namespace_bridge_process_or_mount(tmp_path):
     if os.geteuid() != 0 or not os.path.exists("/usr/sbin/sshd"):
         pytest.skip("needs root and sshd")
@@ -298,6 +308,7 @@ def test_lab_down_leaves_no_namespace_bridge_process_or_mount(tmp_path):
     assert again.returncode == 0, again.stderr
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_crash_on_start_fault_exits_1_after_loading_and_frees_the_gpus(lab):
     host = lab.hosts[0]
     lab.fault(host, crash_on_start=True, slow_load_s=0.2)
@@ -318,6 +329,7 @@ def test_crash_on_start_fault_exits_1_after_loading_and_frees_the_gpus(lab):
     assert not any(g["used_mib"] for g in lab.gpus(host))
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_orphan_worker_fault_survives_the_server_and_keeps_its_memory(lab):
     host = lab.hosts[0]
     lab.fault(host, orphan_worker=7)
@@ -345,6 +357,7 @@ def test_orphan_worker_fault_survives_the_server_and_keeps_its_memory(lab):
     assert lab.gpus(host)[7]["used_mib"] == 0
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_worker_ignores_sigterm_fault_needs_sigkill(lab):
     host = lab.hosts[0]
     lab.fault(host, worker_ignores_sigterm=True)
@@ -361,6 +374,7 @@ def test_worker_ignores_sigterm_fault_needs_sigkill(lab):
     assert not _workers(lab, host)
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_stale_shm_fault_leaves_segments_in_that_hosts_dev_shm_only(lab):
     host = lab.hosts[0]
     lab.fault(host, stale_shm=True)
@@ -376,6 +390,7 @@ def test_stale_shm_fault_leaves_segments_in_that_hosts_dev_shm_only(lab):
         lab.exec(host, ["sh", "-c", "rm -f /dev/shm/nccl-lab* /dev/shm/sgl_shm_1 /dev/shm/cuda.shm.0"])
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_stale_shm_mib_really_fills_that_hosts_dev_shm(lab):
     # README: "fill it with stale_shm=<MiB>"; sparse files would take no tmpfs space at all.
     host = lab.hosts[0]
@@ -396,6 +411,7 @@ def test_stale_shm_mib_really_fills_that_hosts_dev_shm(lab):
         lab.exec(host, ["sh", "-c", "rm -f /dev/shm/nccl-lab* /dev/shm/sgl_shm_1 /dev/shm/cuda.shm.0"])
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_generate_reports_tokens_at_the_configured_speed(lab):
     host = lab.hosts[0]
     lab.fault(host, tokens_per_s=400)
@@ -414,6 +430,7 @@ def test_generate_reports_tokens_at_the_configured_speed(lab):
         _stop_standin(lab, host, pid)
 
 
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_full_dev_shm_makes_the_next_start_die_with_sigbus(lab):
     host = lab.hosts[0]
     fill = "dd if=/dev/zero of=/dev/shm/lab-filler bs=1M count=100000 2>/dev/null; true"
