@@ -1,17 +1,17 @@
-"""Shared pytest set-up: make the project's module_utils importable the way Ansible ships them.
+"""Shared pytest set-up: make the project's Python importable the way Ansible loads it.
 
-Ansible serves files from ``plugins/module_utils`` as ``ansible.module_utils.<name>``; unit tests import
-them the same way, so a module file can be loaded directly and its ``main()`` driven.
+The repository is also the ``gpufleet.fleet`` collection: ``collections/ansible_collections/gpufleet/fleet`` is a
+symlink to the repository root, and ansible.cfg puts ``collections/`` first on ``collections_path``. Modules and
+module_utils import ``ansible_collections.gpufleet.fleet.plugins.module_utils.<name>``; putting ``collections/``
+on ``sys.path`` lets unit tests import them the same way (plain namespace packages, or Ansible's collection
+loader when a test has installed it: both resolve to the same files), load a module file directly and drive
+its ``main()``.
 """
 import os
 import sys
 
-import ansible.module_utils
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_MU = os.path.join(ROOT, "plugins", "module_utils")
-if _MU not in ansible.module_utils.__path__:
-    ansible.module_utils.__path__.append(_MU)
-for _p in (ROOT, os.path.join(ROOT, "tests")):
+COLLECTIONS = os.path.join(ROOT, "collections")
+for _p in (ROOT, os.path.join(ROOT, "tests"), COLLECTIONS):
     if _p not in sys.path:
         sys.path.insert(0, _p)

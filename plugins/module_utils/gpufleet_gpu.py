@@ -34,7 +34,7 @@ import os
 import re
 import time
 
-from ansible.module_utils.gpufleet_gpu_errors import (  # noqa: F401 -- re-exported for the modules
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_errors import (  # noqa: F401 -- re-exported for the modules
     DRIVER_HINT,
     FIELD_HINT,
     HANDLE_HINT,
@@ -61,7 +61,7 @@ from ansible.module_utils.gpufleet_gpu_errors import (  # noqa: F401 -- re-expor
     first_lines,
     lost_message,
 )
-from ansible.module_utils.gpufleet_procs import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import (
     MissingLibraryError,
     clean_text,
     describe_pids,

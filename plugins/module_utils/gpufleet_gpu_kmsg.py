@@ -22,7 +22,7 @@ import os
 import re
 import time
 
-from ansible.module_utils.gpufleet_gpu_errors import CallTimedOut, bounded_run
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_errors import CallTimedOut, bounded_run
 
 DEFAULT_KMSG_PATH = "/dev/kmsg"
 XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)$")

@@ -10,7 +10,7 @@ What it does, writing everything to ``--out`` (results.json, log.txt):
 3. Workers: one process per GPU (forkserver with torch preloaded, like SGLang's spawned TP workers) holding
    ``--gib`` GiB each; the fd links they hold; what a bare CUDA context costs, and that
    ``require_no_processes`` refuses a GPU whose only user keeps a bare context (under the MiB limit).
-4. The modules run as Ansible runs them (``python3 library/<module>.py args.json``): nvidia_gpu_info with
+4. The modules run as Ansible runs them (``python3 plugins/modules/<module>.py args.json``): nvidia_gpu_info with
    both backends, nvidia_gpu_wait timing out while workers hold memory (message must name pid + cmdline).
 5. Release latency, ``--reps`` times per backend: start the module's wait logic (in-process, its
    ``run_wait``), SIGKILL the workers, and compare when the wait returned with when an independent
@@ -48,16 +48,16 @@ def log(*args):
 
 
 def install_module_utils():
-    """Make plugins/module_utils importable as ansible.module_utils.* for this process and children."""
-    import ansible.module_utils as mu
-    dest = os.path.dirname(mu.__file__)
-    for name in os.listdir(os.path.join(ROOT, "plugins", "module_utils")):
-        if name.startswith("gpufleet_") and name.endswith(".py"):
-            shutil.copy(os.path.join(ROOT, "plugins", "module_utils", name), os.path.join(dest, name))
+    """Make plugins/module_utils importable as ansible_collections.gpufleet.fleet.plugins.module_utils.* for
+    this process and children (the repository resolves itself as the collection through collections/)."""
+    base = os.path.join(ROOT, "collections")
+    if base not in sys.path:
+        sys.path.insert(0, base)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (base, os.environ.get("PYTHONPATH")) if p)
 
 
 def load_module_file(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "library", name + ".py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "plugins", "modules", name + ".py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -150,7 +150,7 @@ def run_module_file(name, args, timeout=120):
         json.dump({"ANSIBLE_MODULE_ARGS": args}, fh)
         path = fh.name
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "library", name + ".py"), path],
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "plugins", "modules", name + ".py"), path],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout)
     t1 = time.monotonic()
     os.unlink(path)
@@ -203,8 +203,8 @@ def main():
     res = {"argv": sys.argv, "python": sys.version}
 
     install_module_utils()
-    from ansible.module_utils import gpufleet_gpu as G
-    from ansible.module_utils import gpufleet_procs as P
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu as G
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_procs as P
     import pynvml as n
     wait_mod = load_module_file("nvidia_gpu_wait")
     smi = shutil.which("nvidia-smi")
@@ -335,7 +335,7 @@ def main():
                 args = dict(params, backend=be)
                 with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
                     json.dump({"ANSIBLE_MODULE_ARGS": args}, fh)
-                proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "library", "nvidia_gpu_wait.py"),
+                proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "plugins", "modules", "nvidia_gpu_wait.py"),
                                          fh.name], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 time.sleep(2.0)  # interpreter start, imports, backend open: let it reach its polling loop
             parent.send(20.0)

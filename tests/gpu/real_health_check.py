@@ -2,8 +2,9 @@
 """Real-GPU proof for the health fields and time limits of nvidia_gpu_info / nvidia_gpu_wait (issue 9).
 
 Needs python3, nvidia-ml-py (``import pynvml``) and nvidia-smi; not Ansible: the repository's
-plugins/module_utils/gpufleet_*.py are loaded through a throw-away ``ansible.module_utils`` package shim (the
-GPU code imports nothing else from Ansible). psutil is used when present (process names).
+plugins/module_utils/gpufleet_*.py are imported as ``ansible_collections.gpufleet.fleet.plugins.module_utils``
+through the repository's collections/ directory (plain namespace packages; the GPU code imports nothing else
+from Ansible). psutil is used when present (process names).
 
 What it does, writing ``health.json`` and ``log.txt`` under ``--out``:
 
@@ -56,19 +57,14 @@ def log(*args):
 
 
 def install_shim():
-    """A temporary ``ansible.module_utils`` package holding copies of plugins/module_utils/gpufleet_*.py."""
-    base = tempfile.mkdtemp(prefix="gpufleet-shim-")
-    mu = os.path.join(base, "ansible", "module_utils")
-    os.makedirs(mu)
-    for path in (os.path.join(base, "ansible", "__init__.py"), os.path.join(mu, "__init__.py")):
-        open(path, "w").close()
-    src = os.path.join(ROOT, "plugins", "module_utils")
-    for name in os.listdir(src):
-        if name.startswith("gpufleet_") and name.endswith(".py"):
-            shutil.copy(os.path.join(src, name), os.path.join(mu, name))
-    sys.path.insert(0, base)
-    for key in [k for k in sys.modules if k == "ansible" or k.startswith("ansible.")]:
-        del sys.modules[key]
+    """Make plugins/module_utils importable as ansible_collections.gpufleet.fleet.plugins.module_utils.*.
+
+    The repository resolves itself as the collection through collections/ansible_collections/gpufleet/fleet
+    (a symlink to the repository root); returns that collections directory.
+    """
+    base = os.path.join(ROOT, "collections")
+    if base not in sys.path:
+        sys.path.insert(0, base)
     return base
 
 
@@ -176,9 +172,9 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     install_shim()
-    from ansible.module_utils import gpufleet_gpu as G
-    from ansible.module_utils import gpufleet_gpu_errors as E
-    from ansible.module_utils import gpufleet_gpu_kmsg as K
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu as G
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_errors as E
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_kmsg as K
     import pynvml
 
     smi = shutil.which("nvidia-smi")

@@ -12,7 +12,7 @@ import stat
 import sys
 
 from ansible.module_utils import basic
-from ansible.module_utils import gpufleet_gpu as G
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu as G
 
 try:
     from ansible.module_utils.testing import patch_module_args
@@ -48,7 +48,7 @@ def module_args(args):
 
 def load_module(name):
     """Import library/<name>.py by path (modules are not a package)."""
-    spec = importlib.util.spec_from_file_location("gpufleet_test_" + name, os.path.join(ROOT, "library", name + ".py"))
+    spec = importlib.util.spec_from_file_location("gpufleet_test_" + name, os.path.join(ROOT, "plugins", "modules", name + ".py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -130,7 +130,8 @@ def _render_unit(**overrides):
     root = pathlib.Path(__file__).resolve().parents[2]
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(root / "roles" / "sglang_launch" / "templates")),
                              trim_blocks=True, keep_trailing_newline=True)
-    env.filters.update(f.FilterModule().filters())
+    # the template names the filters by FQCN (gpufleet.fleet.<name>), as a role in the installed collection must
+    env.filters.update({"gpufleet.fleet." + name: fn for name, fn in f.FilterModule().filters().items()})
     argv = f.sglang_argv({"model-path": "/models/Llama 3.1 8B", "served-model-name": "m%1$x", "tp-size": 8,
                           "trust-remote-code": True}, LAUNCHER, "0.0.0.0", 30000)
     values = dict(_sglang_launch_port=30000, _sglang_launch_host="0.0.0.0", sglang_service_user="sglang",

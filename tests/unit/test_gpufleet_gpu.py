@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from ansible.module_utils import gpufleet_gpu as G
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu as G
 from fake_pynvml import (
     DRIVER_NOT_LOADED_TEXT,
     GPU_LOST_TEXT,
@@ -618,7 +618,7 @@ def test_each_smi_call_gets_the_time_left_of_the_budget():
 
 
 def test_nvml_init_that_blocks_is_abandoned_as_a_timeout(monkeypatch):
-    from ansible.module_utils import gpufleet_gpu_errors as E
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_errors as E
     monkeypatch.setattr(E, "MIN_CALL_TIMEOUT_S", 0.2)
     fake = make_fake_nvml()
     fake.fake.init_delay_s = 2.0

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from ansible.module_utils import gpufleet_gpu_errors as E
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_errors as E
 from fake_pynvml import DRIVER_NOT_LOADED_TEXT, GPU_LOST_TEXT, recording
 
 MISMATCH_TEXT = "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 580.159\n"

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ansible.module_utils import gpufleet_gpu_kmsg as K
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_kmsg as K
 
 XID79 = "NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 

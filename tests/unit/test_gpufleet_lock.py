@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from ansible.module_utils import gpufleet_lock as L
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock as L
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def load_module():
-    spec = importlib.util.spec_from_file_location("gpufleet_lock_module", ROOT / "library" / "gpufleet_lock.py")
+    spec = importlib.util.spec_from_file_location("gpufleet_lock_module", ROOT / "plugins" / "modules" / "gpufleet_lock.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ansible.module_utils import gpufleet_procs as P
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_procs as P
 
 HOLDER = r"""
 import os, sys, time

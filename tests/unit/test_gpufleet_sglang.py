@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from ansible.module_utils.gpufleet_sglang import (
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import (
     ANCHOR_TEXT,
     SGLangLocateError,
     find_anchor,
@@ -193,7 +193,7 @@ def test_locate_output_without_json_is_an_error():
 
 
 def test_managed_block_lines_found_absent_or_malformed():
-    from ansible.module_utils.gpufleet_sglang import MANAGED_BEGIN, MANAGED_END, managed_block_lines
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import MANAGED_BEGIN, MANAGED_END, managed_block_lines
     patched = FUNCTION.replace("    mp.set_start_method", "    %s\n    os.environ['A'] = '1'\n    %s\n    mp.set_start_method"
                                % (MANAGED_BEGIN, MANAGED_END))
     assert managed_block_lines(patched) == (9, 11)
@@ -204,7 +204,7 @@ def test_managed_block_lines_found_absent_or_malformed():
 
 def test_locate_package_needs_no_set_envs_file(tmp_path, monkeypatch):
     # preflight modules (sglang_server_args_info) only need the package and its release.
-    from ansible.module_utils.gpufleet_sglang import locate_package
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import locate_package
     site = tmp_path / "site"
     pkg = make_package(site, {"srt/server.py": SHIM})
     monkeypatch.setenv("PYTHONPATH", str(site))

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from ansible.module_utils import gpufleet_sglang_args as sa
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_sglang_args as sa
 from support.sglang_wheels import sglang_package_dir
 
 RELEASES = ["0.4.6", "0.5.4", "0.5.14", "0.5.20", "0.5.23"]

@@ -349,8 +349,7 @@ def test_nvlink_status_and_errors_with_a_link_down(idle_host):
 
 
 def test_xid_knob_writes_kmsg_records_the_module_reader_parses(idle_host):
-    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
-    from ansible.module_utils import gpufleet_gpu_kmsg as K
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_kmsg as K
     gpusim.sync_kmsg(idle_host, {"xid": [79, 48]})
     events = K.read_xid_kmsg(gpusim.kmsg_path(idle_host), window_min=5)
     bus = gpusim.gpu_identities("gpu-lab-01")[gpusim.FAULT_GPU]["pci_bus_id"]

@@ -6,7 +6,7 @@ import time
 import pytest
 import yaml
 
-from ansible.module_utils import gpufleet_gpu as G
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu as G
 from fake_pynvml import DRIVER_NOT_LOADED_TEXT, make_fake_nvml
 from gpu_module_harness import (ROOT, load_module, recorded_process_info, run_main, use_recorded_processes,
                                 write_fake_smi)
@@ -42,7 +42,7 @@ def smi_only(monkeypatch, tmp_path):
 
 
 def return_doc():
-    tree = ast.parse(open(os.path.join(ROOT, "library", "nvidia_gpu_info.py")).read())
+    tree = ast.parse(open(os.path.join(ROOT, "plugins", "modules", "nvidia_gpu_info.py")).read())
     for node in tree.body:
         if isinstance(node, ast.Assign) and node.targets[0].id == "RETURN":
             return yaml.safe_load(node.value.value)
@@ -219,7 +219,7 @@ def test_info_unreadable_kernel_log_is_unknown_not_none(monkeypatch, nvml, no_ho
 
 
 def test_info_on_a_hung_nvidia_smi_fails_as_timeout_within_timeout_s(monkeypatch, tmp_path):
-    from ansible.module_utils import gpufleet_gpu_errors as E
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_errors as E
     monkeypatch.setattr(E, "MIN_CALL_TIMEOUT_S", 0.5)
     monkeypatch.setattr(G, "pynvml", None)
     write_fake_smi(tmp_path, state="idle", hang_s=60)
@@ -246,7 +246,7 @@ def test_info_nvlink_state_through_nvml(monkeypatch, nvml, no_holders):
                          "started_at", "expected_count", "backend"}),
 ])
 def test_documentation_parses_and_documents_every_option(name, options):
-    tree = ast.parse(open(os.path.join(ROOT, "library", name + ".py")).read())
+    tree = ast.parse(open(os.path.join(ROOT, "plugins", "modules", name + ".py")).read())
     docs = {n.targets[0].id: yaml.safe_load(n.value.value) for n in tree.body
             if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") in ("DOCUMENTATION", "RETURN", "EXAMPLES")}
     assert set(docs["DOCUMENTATION"]["options"]) == options

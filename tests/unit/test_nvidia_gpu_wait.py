@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from ansible.module_utils import gpufleet_gpu as G
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu as G
 from fake_pynvml import make_fake_nvml
 from gpu_module_harness import load_module, recorded_process_info, run_main, use_recorded_processes, write_fake_smi
 
@@ -173,7 +173,7 @@ def test_wait_fails_when_fewer_gpus_than_expected(monkeypatch, recorded_procs):
 
 
 def test_wait_on_a_hung_nvidia_smi_fails_within_its_budget(monkeypatch, smi_path):
-    from ansible.module_utils import gpufleet_gpu_errors as E
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_errors as E
     monkeypatch.setattr(E, "MIN_CALL_TIMEOUT_S", 0.5)
     smi_path(state="idle", hang_s=60)
     t = time.monotonic()

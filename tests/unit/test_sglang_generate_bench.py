@@ -9,7 +9,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location(
-    "sglang_generate_bench", ROOT / "roles" / "sglang_verify" / "library" / "sglang_generate_bench.py")
+    "sglang_generate_bench", ROOT / "plugins" / "modules" / "sglang_generate_bench.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 

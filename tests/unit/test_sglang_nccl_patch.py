@@ -18,7 +18,7 @@ from ansible.module_utils import basic
 from support.set_envs_exec import run_set_envs_and_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("sglang_nccl_patch", os.path.join(ROOT, "library", "sglang_nccl_patch.py"))
+_spec = importlib.util.spec_from_file_location("sglang_nccl_patch", os.path.join(ROOT, "plugins", "modules", "sglang_nccl_patch.py"))
 patch_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(patch_module)
 

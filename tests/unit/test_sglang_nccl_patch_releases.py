@@ -16,12 +16,12 @@ import shutil
 import pytest
 
 from ansible.module_utils import basic
-from ansible.module_utils.gpufleet_sglang import find_set_envs_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import find_set_envs_file
 from support.set_envs_exec import execute_set_envs_and_config, run_set_envs_and_config
 from support.sglang_wheels import sglang_package_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("sglang_nccl_patch_rel", os.path.join(ROOT, "library", "sglang_nccl_patch.py"))
+_spec = importlib.util.spec_from_file_location("sglang_nccl_patch_rel", os.path.join(ROOT, "plugins", "modules", "sglang_nccl_patch.py"))
 patch_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(patch_module)
 

@@ -10,7 +10,7 @@ import time
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("sglang_process", ROOT / "library" / "sglang_process.py")
+spec = importlib.util.spec_from_file_location("sglang_process", ROOT / "plugins" / "modules" / "sglang_process.py")
 proc_mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(proc_mod)
 

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("sglang_worker_env_info",
-                                              ROOT / "library" / "sglang_worker_env_info.py")
+                                              ROOT / "plugins" / "modules" / "sglang_worker_env_info.py")
 envinfo = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(envinfo)
 

@@ -1,0 +1,1 @@
+../plugins/modules/sglang_generate_bench.py

@@ -1,0 +1,437 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# gpufleet: put NCCL (and other) environment variables into SGLang's _set_envs_and_config().
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: sglang_nccl_patch
+short_description: Make environment variables reach every SGLang TP worker by patching _set_envs_and_config()
+description:
+  - SGLang's C(_set_envs_and_config) writes environment variables itself (for example
+    C(CUDA_DEVICE_MAX_CONNECTIONS) always, C(NCCL_CUMEM_ENABLE) and C(NCCL_NVLS_ENABLE) always up to 0.5.4),
+    overwriting values exported before the launch; TP workers are spawned afterwards and inherit the result.
+  - This module inserts one managed block of C(os.environ[NAME] = VALUE) lines into that function, just
+    before its statement C(mp.set_start_method) with arguments V("spawn") and V(force=True). That statement occurs exactly once in
+    the function in every release from 0.3.6 to 0.5.23 and no environment write follows it, so the block's
+    values are the ones the workers see.
+  - The file is C(sglang/srt/entrypoints/engine.py) from 0.4.1.post7 and C(sglang/srt/server.py) up to
+    0.4.1.post6; the module parses both and picks the one that defines the function (0.4.1.post7 to 0.4.5
+    ship a C(server.py) that only re-exports).
+  - The block sits between two marker lines (C(# BEGIN gpufleet managed block ...) and
+    C(# END gpufleet managed block ...)), indented like the anchor statement, and is made of whole lines and
+    nothing else, so O(state=absent) restores the original file byte for byte. Line endings follow the anchor
+    line (CRLF files stay CRLF).
+  - Values are written as ASCII-only Python string literals, so any text (quotes, backslashes, newlines,
+    non-ASCII) arrives unchanged and the file always compiles. The new source is compiled before it replaces
+    the file; the write goes to a temporary file in the same directory, is flushed to disk and renamed over
+    the original, keeping mode and owner. Stale byte-code of the patched file (C(__pycache__)) is removed.
+  - The installed package is found without importing sglang (importing it loads torch and CUDA).
+  - A running server is not affected; the values apply from the next start.
+version_added: "1.0.0"
+author:
+  - gpufleet
+options:
+  path:
+    description:
+      - The file to patch (the one that defines C(_set_envs_and_config)).
+      - Mutually exclusive with O(python). One of them is required.
+    type: path
+  python:
+    description:
+      - Interpreter whose sglang to patch, usually the SGLang virtualenv's python (inventory C(sglang_python)).
+      - The module runs the interpreter with C(-c) and a short script that calls C(importlib.util.find_spec) for V(sglang) (no import of sglang)
+        to find the package and reads the release from C(sglang/_version.py), C(sglang/version.py) or the
+        C(dist-info) METADATA.
+    type: path
+  env:
+    description:
+      - Variable name to value. Names must match C(^[A-Za-z_][A-Za-z0-9_]*$).
+      - Values must be strings or integers (integers are written in decimal). Booleans, floats, lists,
+        mappings and null are refused, because their string form is ambiguous (C(true) could mean C(1),
+        C(True) or C(true)); quote the value you mean in YAML, for example V('1').
+      - Values must not contain NUL (the environment cannot hold it) or lone surrogates.
+      - Written in name order. An empty mapping with O(state=present) leaves no block (same as O(state=absent)).
+      - Any invalid name or value fails the module before the file is read or changed.
+    type: dict
+    default: {}
+  state:
+    description:
+      - V(present) inserts or replaces the managed block; V(absent) removes it, restoring the original bytes.
+    type: str
+    choices: [present, absent]
+    default: present
+  backup:
+    description:
+      - Keep a copy of the file (C(<path>.<pid>.<timestamp>~)) before changing it.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    description: Reports what would change and returns the diff; the file is not written.
+  diff_mode:
+    support: full
+    description: Returns the file before and after.
+  platform:
+    support: full
+    platforms: posix
+notes:
+  - The module refuses a file whose managed block is malformed (a BEGIN marker without END, END before BEGIN,
+    or more than one block); fix or remove the markers by hand, or reinstall the sglang wheel.
+  - If C(_set_envs_and_config) or the anchor statement is not found (a release newer than 0.5.23 may move it),
+    the module fails naming the file, the sglang release and what was looked for, and leaves the file as it was.
+  - The module parses SGLang's source with the Python that runs the module; run it with
+    C(ansible_python_interpreter) set to the SGLang virtualenv's python (or a Python at least as new).
+  - Reinstalling or upgrading sglang replaces the file and removes the block; run the module again afterwards.
+seealso:
+  - name: SGLang _set_envs_and_config (0.5.23)
+    description: Where SGLang sets its own environment before spawning workers.
+    link: https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/entrypoints/engine.py
+"""
+
+EXAMPLES = r"""
+- name: Put NCCL tuning into the SGLang of the server's virtualenv
+  sglang_nccl_patch:
+    python: /opt/sglang/venv/bin/python
+    env:
+      NCCL_IB_HCA: mlx5
+      NCCL_MIN_NCHANNELS: 16
+      CUDA_DEVICE_MAX_CONNECTIONS: "1"
+    backup: true
+
+- name: Patch an explicit file (editable install in a container image)
+  sglang_nccl_patch:
+    path: /sgl-workspace/sglang/python/sglang/srt/entrypoints/engine.py
+    env: "{{ sglang_nccl_env }}"
+
+- name: Show what would change without writing (preflight)
+  sglang_nccl_patch:
+    python: "{{ sglang_python }}"
+    env: "{{ sglang_nccl_env }}"
+  check_mode: true
+  register: nccl_patch_plan
+
+- name: Remove the managed block, restoring SGLang's original file
+  sglang_nccl_patch:
+    python: "{{ sglang_python }}"
+    state: absent
+"""
+
+RETURN = r"""
+path:
+  description: The file that defines C(_set_envs_and_config) (the one patched).
+  returned: always
+  type: str
+  sample: /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py
+sglang_version:
+  description: The sglang release the file belongs to, read without importing sglang; null if unknown.
+  returned: always
+  type: str
+  sample: 0.5.23
+version_source:
+  description: Where the release was read (a C(_version.py), C(version.py) or C(METADATA) path, or C(importlib.metadata)).
+  returned: always
+  type: str
+  sample: /opt/sglang/venv/lib/python3.11/site-packages/sglang/_version.py
+changed:
+  description: Whether the file was (or, in check mode, would be) changed.
+  returned: always
+  type: bool
+line:
+  description:
+    - 1-based line where the managed block starts after the run; null when no block is present (V(absent) or empty env).
+  returned: always
+  type: int
+  sample: 341
+env:
+  description: The variables the block sets (name to string value), in the order written. Empty with V(absent).
+  returned: always
+  type: dict
+  sample: {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_IB_HCA": "mlx5"}
+backup_file:
+  description: Path of the backup copy when O(backup=true) and the file changed; null otherwise.
+  returned: always
+  type: str
+  sample: /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py.4242.2026-11-29@20:15:02~
+diff:
+  description: The file before and after (diff mode).
+  returned: when diff mode is on
+  type: dict
+  contains:
+    before:
+      description: File content before.
+      type: str
+    after:
+      description: File content after.
+      type: str
+msg:
+  description: On failure, what was wrong and what to do (names the file, the sglang release and what was looked for).
+  returned: failure
+  type: str
+"""
+
+import os
+import re
+import sys
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common.text.converters import to_text
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import (
+    ANCHOR_TEXT,
+    FUNCTION_NAME,
+    MANAGED_BEGIN,
+    MANAGED_END,
+    SGLangLocateError,
+    find_anchor,
+    locate_sglang,
+    managed_block_lines,
+    split_lines,
+)
+
+# fullmatch, not match: "$" would accept a trailing newline.
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+BEGIN_MARKER = MANAGED_BEGIN
+END_MARKER = MANAGED_END
+BEGIN_HINT = " (managed by gpufleet, do not edit by hand: change sglang_nccl_env and run playbooks/patch.yml)"
+
+
+class PatchError(Exception):
+    """Invalid input or a file the module refuses to change (message says what and what to do)."""
+
+
+def normalise_env(env):
+    """Validate ``env`` (mapping name -> str|int) and return a list of ``(name, str value)`` sorted by name.
+
+    Raises :class:`PatchError` listing every invalid entry: a name not matching ``^[A-Za-z_][A-Za-z0-9_]*$``,
+    a bool/float/None/list/dict value (ambiguous string form: quote it), a value with NUL (the environment
+    cannot hold it) or with a lone surrogate (``os.environ`` cannot encode it).
+    """
+    problems = []
+    items = []
+    for name, value in (env or {}).items():
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            problems.append("name %r is not a valid environment variable name (^[A-Za-z_][A-Za-z0-9_]*$)"
+                            % (name,))
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            problems.append("%s: value %r of type %s is refused; quote the exact string you mean, for example "
+                            "'1' or 'true'" % (name, value, type(value).__name__))
+            continue
+        text = value if isinstance(value, str) else str(value)
+        if "\x00" in text:
+            problems.append("%s: value contains NUL, which an environment variable cannot hold" % name)
+            continue
+        try:
+            text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            problems.append("%s: value contains a lone surrogate that os.environ cannot encode" % name)
+            continue
+        items.append((name, text))
+    if problems:
+        raise PatchError("invalid env: " + "; ".join(problems))
+    return sorted(items)
+
+
+def render_block(items, indent, eol):
+    """The managed block as a list of whole lines (each ending with ``eol``), indented with ``indent``.
+
+    Names and values are written with :func:`ascii`, which gives an ASCII-only literal that evaluates to the
+    same str for any text, so the file's encoding and the value's quotes, backslashes or newlines never matter.
+    """
+    lines = [indent + BEGIN_MARKER + BEGIN_HINT + eol]
+    for name, value in items:
+        lines.append("%sos.environ[%s] = %s%s" % (indent, ascii(name), ascii(value), eol))
+    lines.append(indent + END_MARKER + eol)
+    return lines
+
+
+def find_block(text):
+    """``(begin_index, end_index)`` (0-based, inclusive) of the managed block in ``text``, or None.
+
+    Raises :class:`PatchError` when the markers are malformed: BEGIN without END, END without BEGIN, END
+    before BEGIN, or more than one block.
+    """
+    try:
+        found = managed_block_lines(text)
+    except SGLangLocateError as exc:
+        raise PatchError("%s; fix or remove the marker lines by hand, or reinstall the sglang wheel, then run "
+                         "again" % exc)
+    return None if found is None else (found[0] - 1, found[1] - 1)
+
+
+def plan_patch(text, items, state, filename="<source>"):
+    """Compute the new file content (plain function, no I/O).
+
+    ``text``: current content (str, line endings as in the file). ``items``: from :func:`normalise_env`.
+    ``state``: ``"present"`` or ``"absent"``.
+
+    Returns a dict: ``after`` (str), ``changed`` (bool), ``line`` (1-based first line of the block in
+    ``after`` or None). Raises :class:`PatchError` (malformed block) or
+    :class:`~ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang.SGLangLocateError` (function or anchor missing).
+    """
+    lines = split_lines(text)
+    block = find_block(text)
+    if block is not None:
+        begin, end = block
+        lines = lines[:begin] + lines[end + 1:]
+    pristine = "".join(lines)
+    if state == "absent" or not items:
+        return {"after": pristine, "changed": pristine != text, "line": None}
+    anchor = find_anchor(pristine, filename=filename)
+    index = anchor["anchor_line"] - 1
+    anchor_line = lines[index]
+    indent = anchor_line[:anchor["col_offset"]]
+    eol = _line_ending(anchor_line) or (_line_ending(lines[index - 1]) if index else "") or "\n"
+    new_lines = lines[:index] + render_block(items, indent, eol) + lines[index:]
+    after = "".join(new_lines)
+    return {"after": after, "changed": after != text, "line": index + 1}
+
+
+def _line_ending(line):
+    for ending in ("\r\n", "\n", "\r"):
+        if line.endswith(ending):
+            return ending
+    return ""
+
+
+def write_atomic(module, path, data):
+    """Replace ``path`` with ``data`` (bytes): temporary file in the same directory, fsync, rename.
+
+    ``module.atomic_move`` keeps the original's mode, owner and SELinux context.
+    """
+    directory = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".gpufleet-tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        module.atomic_move(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass  # best effort: some filesystems refuse fsync on a directory
+
+
+def remove_stale_bytecode(path):
+    """Delete ``__pycache__/<stem>.*.pyc`` of ``path``; returns the removed paths (list of str).
+
+    Python validates a cached .pyc by source mtime (whole seconds) and size; two patches of equal length in
+    the same second would otherwise leave the old byte-code in use. Errors are ignored (Python then simply
+    recompiles or runs without a cache).
+    """
+    cache = os.path.join(os.path.dirname(path), "__pycache__")
+    stem = os.path.splitext(os.path.basename(path))[0]
+    removed = []
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return removed
+    for name in names:
+        if name.startswith(stem + ".") and name.endswith(".pyc"):
+            try:
+                os.unlink(os.path.join(cache, name))
+                removed.append(os.path.join(cache, name))
+            except OSError:
+                pass
+    return removed
+
+
+def run_module():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path"),
+            python=dict(type="path"),
+            env=dict(type="dict", default={}),
+            state=dict(type="str", default="present", choices=["present", "absent"]),
+            backup=dict(type="bool", default=False),
+        ),
+        mutually_exclusive=[["path", "python"]],
+        required_one_of=[["path", "python"]],
+        supports_check_mode=True,
+    )
+    params = module.params
+    result = dict(changed=False, path=params["path"], sglang_version=None, version_source=None,
+                  line=None, env={}, backup_file=None)
+
+    try:
+        items = normalise_env(params["env"]) if params["state"] == "present" else []
+    except PatchError as exc:
+        module.fail_json(msg=str(exc), **result)
+
+    def run(argv):
+        return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"}, cwd="/")
+
+    try:
+        found = locate_sglang(python=params["python"], path=params["path"], run=run)
+    except SGLangLocateError as exc:
+        module.fail_json(msg="%s (looking for def %s() in sglang/srt/entrypoints/engine.py or sglang/srt/server.py)"
+                         % (exc, FUNCTION_NAME), rc=getattr(exc, "rc", None),
+                         stdout=getattr(exc, "stdout", None), stderr=getattr(exc, "stderr", None), **result)
+    path = found["path"]
+    version = found["version"]
+    result.update(path=path, sglang_version=version, version_source=found["version_source"])
+    label = "%s (sglang %s)" % (path, version or "version unknown")
+
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except (IOError, OSError) as exc:
+        module.fail_json(msg="cannot read %s: %s" % (label, exc), **result)
+    # surrogateescape keeps any byte sequence, so unchanged parts are written back byte for byte.
+    text = raw.decode("utf-8", "surrogateescape")
+
+    try:
+        plan = plan_patch(text, items, params["state"], filename=path)
+    except SGLangLocateError as exc:
+        module.fail_json(msg="cannot patch %s: %s. Looked for def %s() and, inside it, the statement %s before "
+                             "which the block goes; this sglang release is not supported by this module version, "
+                             "the file is unchanged." % (label, exc, FUNCTION_NAME, ANCHOR_TEXT), **result)
+    except PatchError as exc:
+        module.fail_json(msg="cannot patch %s: %s" % (label, exc), **result)
+    except SyntaxError as exc:
+        module.fail_json(msg="cannot parse %s with Python at %s: %s. Run the module with ansible_python_interpreter "
+                             "set to the SGLang virtualenv's python." % (label, sys.executable, exc), **result)
+
+    after = plan["after"]
+    data = after.encode("utf-8", "surrogateescape")
+    result.update(changed=plan["changed"], line=plan["line"], env=dict(items) if plan["line"] else {})
+    if module._diff:
+        result["diff"] = {"before": text, "after": after, "before_header": path, "after_header": path}
+
+    if plan["changed"]:
+        try:
+            # Compile the exact bytes that will be written (the coding cookie, if any, is honoured).
+            compile(data, path, "exec", dont_inherit=True)
+        except SyntaxError as exc:
+            module.fail_json(msg="refusing to write %s: the patched source does not compile (%s); the file is "
+                                 "unchanged" % (label, to_text(exc)), **result)
+        if not module.check_mode:
+            if params["backup"]:
+                result["backup_file"] = module.backup_local(path)
+            try:
+                write_atomic(module, path, data)
+            except (IOError, OSError) as exc:
+                module.fail_json(msg="cannot write %s: %s. The file is unchanged; if it belongs to another user "
+                                     "set become (sglang_nccl_patch_become: true)." % (label, exc), **result)
+            remove_stale_bytecode(path)
+    module.exit_json(**result)
+
+
+def main():
+    run_module()
+
+
+if __name__ == "__main__":
+    main()

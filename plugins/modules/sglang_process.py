@@ -1,0 +1,925 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# gpufleet: start SGLang as a detached process (own session, pid file, log file) and wait, in short slices that
+# report progress, until the server this run launched answers readiness on its own listening socket.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_process
+short_description: Start SGLang as a detached process, check its port, and wait in short slices until it serves
+description:
+  - "O(state=started): checks that nothing listens on O(port) (when given) and fails naming the holder (pid,
+    user, command line) before starting anything; then starts O(argv) (a list, never through a shell) in its
+    own session (C(setsid)), stdin from C(/dev/null), stdout and stderr appended to O(log_file), writes its
+    pid to O(pid_file) atomically and returns RV(pid) and RV(log_offset) (the log's size before this start, so
+    later failures show this launch's lines only)."
+  - "The server's parent is a small reaper process (comm C(gpufleet-reaper), own session) that waits for it and
+    writes its exit status to O(exit_file), so a later O(state=ready) call can name the exit code of a
+    server that died while loading. The reaper holds no port, GPU or file of the server and ends with it."
+  - "O(state=ready): waits at most O(slice_s) seconds for the server to answer: O(port) accepts a connection, the
+    listening socket belongs to the launched process (O(pid), O(pid_file) or the systemd O(unit)'s MainPID)
+    or one of its descendants, and O(url) (when given) answers 200. It polls every O(poll_interval_ms). It
+    returns RV(ready)=false and a RV(progress) line when the slice ends first: call it with C(until)/C(retries)
+    so Ansible prints a line per slice. It fails at once when the server died (exit code, this launch's log
+    tail, the port's holder if any), when a process outside the server's tree listens on O(port), or when
+    O(timeout_s) passed since the server's start (its process creation time)."
+  - "O(state=port_free): only checks that nothing listens on O(port) (the check the C(sglang_launch) role runs
+    right before a systemd start); changes nothing."
+  - The process outlives the Ansible task and the SSH session; stop it with the C(sglang_stop) module, which
+    signals the session recorded here.
+  - Idempotent; when O(pid_file) names a live process started before the file was written, nothing is
+    started and RV(changed) is false.
+  - Requires psutil on the target for O(port) and the C(ready)/C(port_free) states (the SGLang virtualenv has
+    it).
+version_added: "1.0.0"
+author: gpufleet
+options:
+  state:
+    description:
+      - V(started) starts the server; V(ready) waits one slice for readiness; V(port_free) checks O(port).
+      - Stopping is the C(sglang_stop) module's job.
+    type: str
+    choices: [started, ready, port_free]
+    default: started
+  argv:
+    description: Command and arguments, one element each (C(sglang_launcher) + rendered flags). Required for V(started).
+    type: list
+    elements: str
+  api_key:
+    description:
+      - SGLang's C(--api-key). With V(started) it is appended to O(argv) as C(--api-key KEY) only when the
+        process is started. A no_log option, so Ansible masks the value in this task's arguments and result
+        (RV(argv) never holds it; a log tail or progress line quoting it shows C(********)), so pass it to
+        V(ready) too when the server has a key.
+      - It still is in the server's command line, which C(ps) shows to every user of the host (SGLang 0.5.23
+        reads the key only from its arguments).
+    type: str
+  env:
+    description: Variables added to (and overriding) the inherited environment, e.g. the NCCL set.
+    type: dict
+    default: {}
+  inherit_env:
+    description: Start from this module's environment (PATH, HOME, …); false starts from an empty one.
+    type: bool
+    default: true
+  chdir:
+    description: Working directory of the process.
+    type: path
+  log_file:
+    description: File that receives stdout and stderr (appended; created with mode 0640). Required for V(started).
+    type: path
+  log_offset:
+    description: With V(ready), byte offset in O(log_file) where this launch's lines begin (RV(log_offset) of the start).
+    type: int
+    default: 0
+  pid_file:
+    description:
+      - File that receives the pid (written atomically through a temporary file and rename). Required for
+        V(started); with V(ready) one way to name the server (O(pid) wins).
+    type: path
+  exit_file:
+    description:
+      - File where the reaper writes the server's exit status as JSON (C(pid), C(returncode), C(started_at),
+        C(ended_at); epoch seconds).
+      - Default O(pid_file) with C(.exit) appended.
+    type: path
+  pid:
+    description: With V(ready), the launched server's pid.
+    type: int
+  unit:
+    description:
+      - With V(ready), a systemd unit whose C(MainPID) is the server (C(systemctl show)); its C(ExecMainStatus)
+        is the exit code when it died.
+    type: str
+  port:
+    description:
+      - The server's TCP port (SGLang C(--port)). With V(started), nothing may listen on it before the start.
+        Required for V(ready) and V(port_free).
+    type: int
+  host:
+    description:
+      - Address the server binds (C(--host)); readiness connects there (V(0.0.0.0)/V(::) are probed on
+        127.0.0.1). A listener on the same port and an overlapping address (the same one or a wildcard)
+        counts as holding the port.
+    type: str
+    default: 127.0.0.1
+  url:
+    description:
+      - With V(ready), a URL that must answer 200 (GET), e.g. SGLang's generate-based C(/health_generate).
+        Without it, an open port owned by the server's tree is enough.
+    type: str
+  timeout_s:
+    description:
+      - With V(ready), seconds from the server's start (its process creation time) after which the wait fails
+        (the server is left running).
+    type: float
+    default: 900
+  slice_s:
+    description:
+      - With V(ready), seconds one call waits before it returns RV(ready)=false with RV(progress) (0 = look once).
+        Keep it at most 10 so a progress line comes at least every 15 s.
+    type: float
+    default: 10
+  poll_interval_ms:
+    description: With V(ready), milliseconds between readiness probes inside a slice.
+    type: int
+    default: 200
+  request_timeout_s:
+    description: With V(ready), seconds one GET of O(url) may take (a generate-based readiness URL runs a generation).
+    type: float
+    default: 30
+  startup_check_s:
+    description: With V(started), seconds to watch the new process; if it exits within them the task fails with the log tail.
+    type: float
+    default: 2
+  log_tail_lines:
+    description: Lines of this launch's log included in a failure message.
+    type: int
+    default: 40
+  lock_dir:
+    description:
+      - With V(ready), the restart lock directory this run holds; its lease is renewed at the start of each slice
+        (C(gpufleet_lock) module_utils C(renew_lease)), so a long model load never lets the lease run out. When
+        the lock is gone or another run holds it the task fails at once (that run may be restarting the host).
+    type: path
+  lock_owner:
+    description: With V(ready), the run id that owns O(lock_dir) (renewal refuses to touch another run's lock). Required with O(lock_dir).
+    type: str
+attributes:
+  check_mode:
+    support: full
+    details: V(started) reports whether it would start the process and the argv and starts nothing (a listener on
+      O(port) is a warning then, not a failure, because nothing was stopped); V(ready) and V(port_free) only look.
+  diff_mode:
+    support: none
+notes:
+  - "Why a new session: the process must not receive the SIGHUP of the closing SSH session, and its process
+    group id equals its pid, so C(sglang_stop) can signal the whole tree SGLang spawns."
+  - "Why slices: a module cannot print while it runs; short calls repeated with C(until) let the callback show
+    what is awaited, how long it has been and the last log line at least every 15 s, and still notice a dead
+    server within O(poll_interval_ms)."
+  - "Whose listener: SGLang opens its HTTP port in the main process after the model loaded (FIELD-NOTES); another
+    service that binds the port meanwhile answers C(/health_generate) too, so an answer counts only when
+    psutil shows the LISTEN socket in the launched process or a descendant. Seeing another user's sockets
+    needs root (C(become)) — the systemd method's server runs as the service user."
+"""
+
+EXAMPLES = r"""
+- name: Start SGLang detached (fails naming the holder if port 30000 is taken)
+  sglang_process:
+    argv: ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--port", "30000"]
+    env: {NCCL_PROTO: LL, NCCL_ALGO: Ring}
+    log_file: /var/lib/gpufleet/sglang.log
+    pid_file: /var/lib/gpufleet/sglang.pid
+    port: 30000
+  register: started
+
+- name: Wait until it answers /health_generate (a progress line every 10 s)
+  sglang_process:
+    state: ready
+    pid: "{{ started.pid }}"
+    pid_file: /var/lib/gpufleet/sglang.pid
+    log_file: /var/lib/gpufleet/sglang.log
+    log_offset: "{{ started.log_offset }}"
+    port: 30000
+    url: http://127.0.0.1:30000/health_generate
+    timeout_s: 900
+  register: ready
+  until: ready.ready | default(false) or ready is failed
+  retries: 100
+  delay: 0
+"""
+
+RETURN = r"""
+pid:
+  description: Pid of the started (or already running, or awaited) server; null in check mode when it would start.
+  returned: always
+  type: int
+  sample: 31337
+started:
+  description: Whether a new process was started (or, in check mode, would be).
+  returned: always
+  type: bool
+started_at:
+  description: Start time, seconds since the epoch (target clock); null when nothing was started.
+  returned: always
+  type: float
+argv:
+  description: The argv started, without O(api_key).
+  returned: state is started
+  type: list
+  elements: str
+log_file:
+  description: Path of the log file.
+  returned: always
+  type: str
+log_offset:
+  description: Size of O(log_file) in bytes before this start; this launch's lines follow it.
+  returned: state is started
+  type: int
+pid_file:
+  description: Path of the pid file.
+  returned: always
+  type: str
+exit_file:
+  description: Path where the reaper writes the exit status.
+  returned: always
+  type: str
+ready:
+  description: With V(ready), whether the server answered on its own socket within this slice.
+  returned: state is ready
+  type: bool
+progress:
+  description:
+    - "One line saying what is awaited, since when and the last state, e.g. C(waiting for /health_generate on
+      127.0.0.1:30000 (pid 4242): 45 s of 900 s, last: connection refused; log: 'Load weight end')."
+  returned: state is ready
+  type: str
+elapsed_s:
+  description: Seconds since the server's process was created (target clock).
+  returned: state is ready
+  type: float
+ready_wait_ms:
+  description: With V(ready), milliseconds from the server's start until it answered; null until then.
+  returned: state is ready
+  type: int
+last:
+  description: Last readiness probe outcome (C(connection refused), C(HTTP 503), C(200)).
+  returned: state is ready
+  type: str
+listeners:
+  description: Processes listening on O(port) (V(port_free), or a failure naming the holder); each C(pid), C(user), C(cmdline), C(address).
+  returned: when port was checked
+  type: list
+  elements: dict
+rc:
+  description: Exit code of a server that died (negative = killed by that signal); null when unknown.
+  returned: failure
+  type: int
+log_tail:
+  description: Last lines of this launch's log (from O(log_offset)), on failure.
+  returned: failure
+  type: str
+lock_renewed:
+  description: Whether the restart lock's lease was renewed by this call (null without O(lock_dir)).
+  returned: state is ready
+  type: bool
+"""
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.urls import open_url
+
+try:
+    import psutil
+    HAS_PSUTIL = True
+    PSUTIL_ERROR = None
+except ImportError:
+    HAS_PSUTIL = False
+    PSUTIL_ERROR = traceback.format_exc()
+
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
+
+PID_REUSE_SLACK_S = 5.0
+REAPER_COMM = b"gpufleet-reaper"
+WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def running_pid(pid_file):
+    """Pid named by ``pid_file`` if that process is alive and not a reused pid, else None.
+
+    Liveness: /proc/<pid> exists and is not a zombie; its start time (field 22 of /proc/<pid>/stat, in clock
+    ticks since boot, proc(5)) is no later than the pid file's mtime plus a few seconds.
+    """
+    try:
+        with open(pid_file) as handle:
+            text = handle.read().strip()
+        mtime = os.stat(pid_file).st_mtime
+    except FileNotFoundError:
+        return None
+    if not text.isdigit():
+        return None
+    pid = int(text)
+    started = process_start_epoch(pid)
+    if started is None or started > mtime + PID_REUSE_SLACK_S:
+        return None
+    return pid
+
+
+def process_start_epoch(pid):
+    """Start time of ``pid`` in seconds since the epoch, None if gone or a zombie (from /proc/<pid>/stat)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            stat = handle.read()
+        with open("/proc/stat") as handle:
+            btime = next(int(line.split()[1]) for line in handle if line.startswith("btime "))
+    except (OSError, StopIteration):
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def build_env(env, inherit, base=None):
+    """Environment for the child: ``base`` (default os.environ) if ``inherit``, updated with ``env`` (str values).
+
+    Booleans become "1"/"0"; None removes a variable.
+    """
+    result = dict(base if base is not None else os.environ) if inherit else {}
+    for key, value in (env or {}).items():
+        if value is None:
+            result.pop(str(key), None)
+        elif isinstance(value, bool):
+            result[str(key)] = "1" if value else "0"
+        else:
+            result[str(key)] = str(value)
+    return result
+
+
+def write_file_atomic(path, text, mode=0o644):
+    """Write ``text`` to ``path`` atomically (temporary file in the same directory, fsync, rename)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".sglang-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_pid_file(path, pid):
+    """Write ``pid`` to ``path`` atomically."""
+    write_file_atomic(path, "%d\n" % pid)
+
+
+def log_size(path):
+    """Size of ``path`` in bytes, 0 when it does not exist (the offset where a new launch's lines begin)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def log_tail(path, lines, offset=0):
+    """Last ``lines`` lines of ``path`` after byte ``offset`` (this launch's part), undecodable bytes replaced.
+
+    Reads at most the last 64 KiB; "" if unreadable. An offset past the end (the log was truncated or
+    rotated since) reads from the start.
+    """
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            if offset > size:
+                offset = 0
+            handle.seek(max(offset, size - 64 * 1024))
+            data = handle.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def with_api_key(argv, api_key):
+    """``argv`` (list of str) plus ``["--api-key", api_key]`` when ``api_key`` is non-empty; a new list.
+
+    Kept out of the ``argv`` the module reports, so the key appears only in the started process's argv.
+    """
+    return list(argv) + (["--api-key", api_key] if api_key else [])
+
+
+def start_detached(argv, env, chdir, log_file):
+    """Start ``argv`` in a new session, stdin /dev/null, stdout+stderr appended to ``log_file``.
+
+    Returns the subprocess.Popen. Raises OSError (missing executable, bad chdir) from Popen.
+    """
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        with open(os.devnull, "rb") as devnull:
+            return subprocess.Popen(argv, stdin=devnull, stdout=log_fd, stderr=subprocess.STDOUT,
+                                    cwd=chdir, env=env, close_fds=True, start_new_session=True)
+    finally:
+        os.close(log_fd)
+
+
+def _set_comm(name):
+    """Name this process (``/proc/self/comm``, prctl PR_SET_NAME) so ``ps`` tells the reaper apart."""
+    try:
+        with open("/proc/self/comm", "wb") as handle:
+            handle.write(name)
+    except OSError:
+        pass
+
+
+def start_reaped(argv, env, chdir, log_file, exit_file):
+    """Start ``argv`` detached under a reaper that records its exit status in ``exit_file``; return its pid.
+
+    The reaper is forked from this process, leaves its session (setsid), points fds 0-2 at /dev/null and
+    closes every other fd (the SSH channel must see EOF when the module ends), starts the server with
+    start_detached() (so the server leads its own session: sglang_stop signals that), tells this process the
+    server's pid through a pipe, waits for it and writes ``{"pid", "returncode", "ended_at"}`` to
+    ``exit_file`` atomically. Raises OSError with the reaper's message when the server could not be started.
+    """
+    read_fd, write_fd = os.pipe()
+    reaper = os.fork()
+    if reaper == 0:  # the reaper
+        code = 0
+        try:
+            os.close(read_fd)
+            os.setsid()
+            _set_comm(REAPER_COMM)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, write_fd)
+            os.closerange(write_fd + 1, 65536)
+            try:
+                proc = start_detached(argv, env, chdir, log_file)
+            except OSError as exc:
+                os.write(write_fd, json.dumps({"error": str(exc)}).encode())
+                os._exit(127)
+            started_at = time.time()
+            os.write(write_fd, json.dumps({"pid": proc.pid}).encode())
+            os.close(write_fd)
+            rc = proc.wait()
+            write_file_atomic(exit_file, json.dumps({"pid": proc.pid, "returncode": rc, "started_at": started_at,
+                                                     "ended_at": time.time()}) + "\n")
+        except BaseException:
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    chunks = []
+    while True:
+        chunk = os.read(read_fd, 4096)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_fd)
+    try:
+        answer = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        answer = {}
+    if "pid" not in answer:
+        os.waitpid(reaper, 0)
+        raise OSError(answer.get("error") or "the reaper process failed before starting the server")
+    return answer["pid"]
+
+
+def read_exit_record(exit_file, pid):
+    """The reaper's record for ``pid`` in ``exit_file``: {"pid", "returncode", "started_at", "ended_at"} (epoch s).
+
+    None when the file is absent, unreadable or about another pid.
+    """
+    try:
+        with open(exit_file) as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("pid") == pid else None
+
+
+def read_exit_file(exit_file, pid):
+    """Exit status (int, negative = killed by that signal) the reaper recorded for ``pid``; None when unknown."""
+    record = read_exit_record(exit_file, pid)
+    return record.get("returncode") if record else None
+
+
+def await_exit_file(exit_file, pid, timeout_s=2.0, poll_s=0.05):
+    """:func:`read_exit_file` for a ``pid`` already seen dead: the reaper writes the record right after its
+    ``wait()`` returns, which on a loaded host can come a moment after the pid is gone. None after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rc = read_exit_file(exit_file, pid)
+        if rc is not None or time.monotonic() >= deadline:
+            return rc
+        time.sleep(poll_s)
+
+
+def unit_show(run_command, unit):
+    """``systemctl show`` MainPID, ExecMainStatus, ExecMainCode, ActiveState of ``unit`` as a dict of str."""
+    rc, out, _ = run_command(["systemctl", "show", "-p", "MainPID", "-p", "ExecMainStatus", "-p", "ExecMainCode",
+                              "-p", "ActiveState", unit], environ_update={"LC_ALL": "C"})
+    props = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        props[key] = value
+    return props
+
+
+def addresses_overlap(bind_host, listen_ip):
+    """True when a socket listening on ``listen_ip`` keeps a server from binding ``bind_host`` on the same port.
+
+    Wildcards (0.0.0.0, ::) overlap every address; IPv4-mapped IPv6 (::ffff:a.b.c.d) is compared as IPv4.
+    """
+    def norm(ip):
+        ip = (ip or "").strip("[]")
+        return ip[7:] if ip.lower().startswith("::ffff:") else ip
+    a, b = norm(bind_host), norm(listen_ip)
+    return a in WILDCARDS or b in WILDCARDS or a == b
+
+
+def _describe_pid(pid):
+    """(user, cmdline) of ``pid`` via psutil; ("?", "?") when it cannot be read."""
+    try:
+        proc = psutil.Process(pid)
+        cmdline = " ".join(proc.cmdline()) or "[%s]" % proc.name()
+        return proc.username(), cmdline
+    except (psutil.Error, OSError):
+        return "?", "?"
+
+
+def port_listeners(port, bind_host):
+    """Processes listening on TCP ``port`` at an address overlapping ``bind_host``.
+
+    Source: psutil.net_connections("tcp") (the /proc/net/tcp{,6} sockets mapped to pids through /proc/*/fd).
+    Returns a list of {"pid" (int or None when the socket's owner is not visible: another user's process and
+    no root), "user", "cmdline", "address"}.
+    """
+    found = []
+    seen = set()
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
+            continue
+        if not addresses_overlap(bind_host, conn.laddr.ip):
+            continue
+        key = (conn.pid, conn.laddr.ip)
+        if key in seen:
+            continue
+        seen.add(key)
+        user, cmdline = _describe_pid(conn.pid) if conn.pid else ("?", "?")
+        found.append({"pid": conn.pid, "user": user, "cmdline": cmdline[:200], "address": conn.laddr.ip})
+    return found
+
+
+def describe_listeners(listeners):
+    """'pid 4242 (python3 -m http.server, user root)' for each listener, joined by '; '."""
+    parts = []
+    for item in listeners:
+        if item["pid"] is None:
+            parts.append("a process whose owner is not visible to this user (listening on %s; run as root to name it)"
+                         % item["address"])
+        else:
+            parts.append("pid %d (%s, user %s)" % (item["pid"], item["cmdline"][:120], item["user"]))
+    return "; ".join(parts)
+
+
+def tree_listens(pid, port):
+    """True when ``pid`` or a descendant has a LISTEN socket on TCP ``port``; None when that cannot be read.
+
+    Source: psutil.Process.net_connections / connections (per process, so only the server's tree is scanned).
+    """
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return False
+    denied = False
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp") if hasattr(proc, "net_connections") else proc.connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.AccessDenied:
+            denied = True
+            continue
+        for conn in conns:
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+                return True
+    return None if denied else False
+
+
+def pid_alive(pid):
+    """True while ``pid`` runs (a zombie counts as dead: it only waits for its parent)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def probe_port(host, port, timeout_s=1.0):
+    """"open" when ``host:port`` accepts a TCP connection, else the error text (e.g. "connection refused")."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return "open"
+    except ConnectionRefusedError:
+        return "connection refused"
+    except OSError as exc:
+        return str(exc.strerror or exc)
+
+
+def probe_url(url, timeout_s):
+    """(status int or None, text): 200 when GET ``url`` answered 200, else the status or error text."""
+    try:
+        # The server is on this host: never through an http_proxy from the environment.
+        resp = open_url(url, method="GET", timeout=timeout_s, validate_certs=True, use_proxy=False)
+        return resp.getcode(), "HTTP %s" % resp.getcode()
+    except Exception as exc:  # urllib HTTPError carries a code (503 while warming up); others are text
+        code = getattr(exc, "code", None)
+        return code, ("HTTP %s" % code) if code else str(getattr(exc, "reason", None) or exc)
+
+
+def last_log_line(path, offset, width=100):
+    """The last non-empty line of this launch's log, shortened to ``width`` characters ("" if none)."""
+    for line in reversed(log_tail(path, 5, offset).splitlines()) if path else []:
+        line = line.strip()
+        if line:
+            return line if len(line) <= width else line[:width - 3] + "..."
+    return ""
+
+
+def renew_lock(lock_dir, lock_owner):
+    """Renew the restart lock's lease (gpufleet_lock.renew_lease); None when ``lock_dir`` is not set.
+
+    Returns True when renewed. Raises gpufleet_lock.LockLost when the lock is gone or another run holds it
+    (the wait must stop: another run may be restarting this host), gpufleet_lock.LockError on I/O errors.
+    """
+    if not lock_dir:
+        return None
+    gpufleet_lock.renew_lease(lock_dir, lock_owner)
+    return True
+
+
+class Waiter(object):
+    """One readiness slice for the server ``pid``; see the module's state=ready."""
+
+    def __init__(self, params, pid, exit_code_of, now=time.time, monotonic=time.monotonic, sleep=time.sleep):
+        self.p = params
+        self.pid = pid
+        self.exit_code_of = exit_code_of
+        self.now, self.monotonic, self.sleep = now, monotonic, sleep
+        host = params["host"] or "127.0.0.1"
+        self.probe_host = "127.0.0.1" if host in WILDCARDS else host.strip("[]")
+        self.what = "%s on %s:%d" % (self._path(), self.probe_host, params["port"])
+        self.last = "not probed yet"
+
+    def _path(self):
+        if not self.p["url"]:
+            return "port"
+        rest = self.p["url"].split("://", 1)[-1]
+        return "/" + rest.split("/", 1)[1] if "/" in rest else "/"
+
+    def progress(self, elapsed_s):
+        line = last_log_line(self.p["log_file"], self.p["log_offset"])
+        return "waiting for %s (pid %d): %.0f s of %.0f s, last: %s%s" % (
+            self.what, self.pid, elapsed_s, self.p["timeout_s"], self.last,
+            ("; log: '%s'" % line) if line else "")
+
+    def died(self, elapsed_s):
+        """(msg, extra result) for a server that is gone."""
+        rc = self.exit_code_of(self.pid)
+        record = read_exit_record(self.p["exit_file"], self.pid) if self.p["exit_file"] else None
+        if record and record.get("started_at") and record.get("ended_at"):
+            elapsed_s = record["ended_at"] - record["started_at"]  # it may have died before this call began
+        tail = log_tail(self.p["log_file"], self.p["log_tail_lines"], self.p["log_offset"]) if self.p["log_file"] else ""
+        listeners = [item for item in port_listeners(self.p["port"], self.p["host"]) if item["pid"] != self.pid]
+        holder = (" Port %d is held by %s: that is why it could not serve (SGLang exits on EADDRINUSE)."
+                  % (self.p["port"], describe_listeners(listeners))) if listeners else ""
+        status = ("with status %d" % rc) if rc is not None and rc >= 0 else (
+            "killed by signal %d" % -rc if rc is not None else "(exit status unknown)")
+        msg = ("the server (pid %d) exited %s %.1f s after it started, before %s answered.%s Last lines of this "
+               "launch's log:\n%s\nFull log: %s" % (self.pid, status, elapsed_s, self.what, holder,
+                                                   tail or "(empty)", self.p["log_file"] or "-"))
+        return msg, dict(rc=rc, log_tail=tail, listeners=listeners)
+
+    def run(self):
+        """Returns (state, elapsed_s, extra): state in ready, waiting, died, stranger, timeout."""
+        created = process_start_epoch(self.pid)
+        if created is None:
+            return "died", 0.0, {}
+        p = self.p
+        slice_end = self.monotonic() + max(p["slice_s"], 0)
+        interval = max(p["poll_interval_ms"], 10) / 1000.0
+        while True:
+            elapsed = self.now() - created
+            if not pid_alive(self.pid):
+                return "died", elapsed, {}
+            port_state = probe_port(self.probe_host, p["port"], timeout_s=min(1.0, interval * 5))
+            if port_state != "open":
+                self.last = port_state
+            else:
+                ours = tree_listens(self.pid, p["port"])
+                if ours is False and pid_alive(self.pid):
+                    listeners = port_listeners(p["port"], p["host"])
+                    return "stranger", elapsed, {"listeners": listeners}
+                if ours is None:
+                    return "unknown_owner", elapsed, {}
+                if not p["url"]:
+                    return "ready", elapsed, {}
+                code, text = probe_url(p["url"], max(1.0, min(p["request_timeout_s"], p["timeout_s"] - elapsed)))
+                self.last = text
+                if code == 200:
+                    # The answer counts only if the socket is still ours and the server still runs.
+                    if tree_listens(self.pid, p["port"]) and pid_alive(self.pid):
+                        return "ready", self.now() - created, {}
+            elapsed = self.now() - created
+            if elapsed >= p["timeout_s"]:
+                return "timeout", elapsed, {}
+            if self.monotonic() + interval > slice_end:
+                return "waiting", elapsed, {}
+            self.sleep(interval)
+
+
+def resolve_pid(module, p):
+    """The server pid for state=ready: O(pid), else O(pid_file), else the unit's MainPID. Fails clearly."""
+    if p["pid"]:
+        return p["pid"]
+    if p["pid_file"]:
+        try:
+            with open(p["pid_file"]) as handle:
+                text = handle.read().strip()
+        except OSError as exc:
+            module.fail_json(msg="cannot read the pid file %s (%s): was the server started?" % (p["pid_file"], exc))
+        if not text.isdigit():
+            module.fail_json(msg="pid file %s does not hold a pid: %r" % (p["pid_file"], text[:80]))
+        return int(text)
+    props = unit_show(module.run_command, p["unit"])
+    main_pid = int(props.get("MainPID") or 0)
+    if main_pid <= 0:
+        module.fail_json(msg="systemd unit %s has no main process (ActiveState=%s, ExecMainStatus=%s): the server "
+                         "is not running; see journalctl -u %s and %s" % (
+                             p["unit"], props.get("ActiveState", "?"), props.get("ExecMainStatus", "?"), p["unit"],
+                             p["log_file"] or "the server log"),
+                         rc=int(props.get("ExecMainStatus") or 0) or None)
+    return main_pid
+
+
+def run_ready(module, p, result):
+    pid = resolve_pid(module, p)
+    exit_file = p["exit_file"]
+
+    def exit_code_of(dead_pid):
+        if p["unit"]:
+            props = unit_show(module.run_command, p["unit"])
+            status = props.get("ExecMainStatus", "")
+            return int(status) if status.lstrip("-").isdigit() else None
+        return await_exit_file(exit_file, dead_pid) if exit_file else None
+
+    result.update(pid=pid, ready=False, lock_renewed=None)
+    try:
+        result["lock_renewed"] = renew_lock(p["lock_dir"], p["lock_owner"])
+    except gpufleet_lock.LockError as exc:
+        module.fail_json(msg="stopped waiting for the server (pid %d, left running): %s" % (pid, exc), **result)
+    waiter = Waiter(p, pid, exit_code_of)
+    state, elapsed, extra = waiter.run()
+    result.update(elapsed_s=round(elapsed, 1), last=waiter.last, progress=waiter.progress(elapsed))
+    if state == "ready":
+        result.update(ready=True, ready_wait_ms=int(elapsed * 1000),
+                      progress="%s answered on pid %d's socket after %.1f s" % (waiter.what, pid, elapsed))
+        module.exit_json(msg=result["progress"], **result)
+    if state == "waiting":
+        module.exit_json(msg=result["progress"], **result)
+    if state == "died":
+        msg, more = waiter.died(elapsed)
+        result.update(more)
+        module.fail_json(msg=msg, **result)
+    if state == "stranger":
+        result["listeners"] = extra["listeners"]
+        module.fail_json(msg="port %d is answered by %s, not by the launched server (pid %d, still loading): "
+                         "that process took the port, so the server cannot bind it; stop it, then rerun"
+                         % (p["port"], describe_listeners(extra["listeners"]) or "another process", pid), **result)
+    if state == "unknown_owner":
+        module.fail_json(msg="port %d answers, but this user cannot see whether pid %d owns the listening socket "
+                         "(another user's process): run this task as root (become)" % (p["port"], pid), **result)
+    tail = log_tail(p["log_file"], p["log_tail_lines"], p["log_offset"]) if p["log_file"] else ""
+    module.fail_json(msg="the server (pid %d, still running) did not answer %s within %.0f s of starting (last: %s). "
+                     "The model may still be loading: raise sglang_launch_ready_timeout_s, or read the log "
+                     "%s. Last lines of this launch's log:\n%s" % (pid, waiter.what, p["timeout_s"], waiter.last,
+                                                                  p["log_file"] or "-", tail or "(empty)"),
+                     log_tail=tail, **result)
+
+
+def run_started(module, p, result):
+    argv = p["argv"]
+    if not argv or not argv[0]:
+        module.fail_json(msg="argv must name a command as its first element", **result)
+    result["argv"] = argv
+    for path_key in ("log_file", "pid_file"):
+        parent = os.path.dirname(os.path.abspath(p[path_key]))
+        if not os.path.isdir(parent):
+            module.fail_json(msg="directory %s for %s does not exist (create sglang_state_dir first)"
+                             % (parent, path_key), **result)
+
+    existing = running_pid(p["pid_file"])
+    if existing is not None:
+        result["pid"] = existing
+        module.exit_json(msg="already running (pid %d from %s)" % (existing, p["pid_file"]), **result)
+    if p["port"]:
+        listeners = port_listeners(p["port"], p["host"])
+        if listeners and module.check_mode:
+            # In check mode nothing was stopped: the server about to be replaced may well hold the port.
+            result["listeners"] = listeners
+            module.warn("port %d is held now by %s; a real run stops the old server first"
+                        % (p["port"], describe_listeners(listeners)))
+        elif listeners:
+            result["listeners"] = listeners
+            module.fail_json(msg="port %d taken by %s before launch: nothing was started; stop that process or "
+                             "set another sglang_port" % (p["port"], describe_listeners(listeners)), **result)
+    if module.check_mode:
+        result.update(changed=True, started=True)
+        module.exit_json(msg="would start %s" % argv[0], **result)
+
+    env = build_env(p["env"], p["inherit_env"])
+    # Ansible's own variables for the module run must not leak into a long-running server.
+    for key in [k for k in env if k.startswith("ANSIBLE_MODULE_")]:
+        env.pop(key)
+    offset = log_size(p["log_file"])
+    result["log_offset"] = offset
+    if os.path.lexists(p["exit_file"]):
+        os.unlink(p["exit_file"])
+    started_at = time.time()
+    try:
+        pid = start_reaped(with_api_key(argv, p["api_key"]), env, p["chdir"], p["log_file"], p["exit_file"])
+    except OSError as exc:
+        module.fail_json(msg="could not start %s: %s" % (argv[0], exc), **result)
+    write_pid_file(p["pid_file"], pid)
+    result.update(changed=True, started=True, pid=pid, started_at=started_at)
+
+    deadline = time.monotonic() + max(p["startup_check_s"], 0)
+    while time.monotonic() < deadline:
+        if process_start_epoch(pid) is None:
+            rc = await_exit_file(p["exit_file"], pid)
+            os.unlink(p["pid_file"])
+            module.fail_json(msg="%s exited with status %s %.1f s after it started; full log: %s"
+                             % (argv[0], "?" if rc is None else rc, time.time() - started_at, p["log_file"]),
+                             rc=rc, log_tail=log_tail(p["log_file"], p["log_tail_lines"], offset), **result)
+        time.sleep(0.1)
+    module.exit_json(msg="started pid %d" % pid, **result)
+
+
+def run_port_free(module, p, result):
+    listeners = port_listeners(p["port"], p["host"])
+    result["listeners"] = listeners
+    if listeners:
+        module.fail_json(msg="port %d taken by %s before launch: nothing was started; stop that process or set "
+                         "another sglang_port" % (p["port"], describe_listeners(listeners)), **result)
+    module.exit_json(msg="nothing listens on port %d" % p["port"], **result)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            state=dict(type="str", default="started", choices=["started", "ready", "port_free"]),
+            argv=dict(type="list", elements="str"),
+            api_key=dict(type="str", no_log=True),
+            env=dict(type="dict", default={}),
+            inherit_env=dict(type="bool", default=True),
+            chdir=dict(type="path"),
+            log_file=dict(type="path"),
+            log_offset=dict(type="int", default=0),
+            pid_file=dict(type="path"),
+            exit_file=dict(type="path"),
+            pid=dict(type="int"),
+            unit=dict(type="str"),
+            port=dict(type="int"),
+            host=dict(type="str", default="127.0.0.1"),
+            url=dict(type="str"),
+            timeout_s=dict(type="float", default=900),
+            slice_s=dict(type="float", default=10),
+            poll_interval_ms=dict(type="int", default=200),
+            request_timeout_s=dict(type="float", default=30),
+            startup_check_s=dict(type="float", default=2),
+            log_tail_lines=dict(type="int", default=40),
+            lock_dir=dict(type="path"),
+            lock_owner=dict(type="str"),
+        ),
+        required_together=[("lock_dir", "lock_owner")],
+        required_if=[("state", "started", ["argv", "log_file", "pid_file"]),
+                     ("state", "ready", ["port"]),
+                     ("state", "ready", ["pid", "pid_file", "unit"], True),
+                     ("state", "port_free", ["port"])],
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["exit_file"] is None and p["pid_file"]:
+        p["exit_file"] = p["pid_file"] + ".exit"
+    result = dict(changed=False, started=False, pid=None, started_at=None, log_file=p["log_file"],
+                  pid_file=p["pid_file"], exit_file=p["exit_file"])
+    if not HAS_PSUTIL and (p["port"] or p["state"] != "started"):
+        module.fail_json(msg=missing_required_lib("psutil"), exception=PSUTIL_ERROR, **result)
+    if p["port"] is not None and not 0 < p["port"] < 65536:
+        module.fail_json(msg="port must be 1-65535, got %d" % p["port"], **result)
+    if p["state"] == "started":
+        run_started(module, p, result)
+    elif p["state"] == "ready":
+        run_ready(module, p, result)
+    else:
+        run_port_free(module, p, result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,355 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# gpufleet: check SGLang launch flags against the installed release, without importing sglang.
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+---
+module: sglang_server_args_info
+short_description: Check SGLang launch flags against the installed release's own argument definitions
+description:
+  - Finds the C(sglang) package of O(python) without importing it (importing pulls torch and CUDA), reads the
+    release's launch options and checks O(launch_args) with the rules of Python's C(argparse), which
+    C(sglang.launch_server) uses.
+  - Static reading (O(mode=static)) parses C(sglang/srt/server_args.py) with Python's C(ast) in both styles
+    found in real releases, C(parser.add_argument) calls in C(ServerArgs.add_cli_args) (0.4.x, 0.5.x before the
+    dataclass style) and annotated dataclass fields such as C(tp_size = A[int, Arg]) read the way
+    C(add_cli_args_from_dataclass) reads them (0.5.14 and later; from 0.5.20 the fields live in
+    C(sglang/srt/arg_groups/fields/*.py)).
+  - "Rules applied: exact option strings win; a prefix of exactly one long option is accepted as an
+    abbreviation (C(allow_abbrev), so C(tp) means C(--tp-size)); a prefix of several is an error listing them
+    (C(cuda-graph-max-bs) from 0.5.20); unknown flags are errors suggesting close spellings; C(int)/C(float)
+    values and C(choices) are checked; switches (C(store_true)) must be given V(true); required options
+    (C(--model-path)) must be present. From 0.5.14 C(--speculative-algorithm) is a free string in argparse,
+    so its value is checked against the release's C(SpeculativeAlgorithm) names plus O(extra_speculative_algorithms)."
+  - Invalid flags do not fail the module; they are returned in RV(errors) with RV(valid=false). The module
+    fails only when sglang cannot be found or its files cannot be read.
+  - Never changes anything.
+version_added: "1.0.0"
+author: gpufleet
+options:
+  python:
+    description:
+      - Interpreter whose C(sglang) is checked (inventory C(sglang_python)); the module runs it with C(-c) and a
+        short script calling C(importlib.util.find_spec("sglang")).
+      - One of O(python) and O(package_dir) is required; O(mode=help) needs O(python).
+    type: path
+  package_dir:
+    description:
+      - The C(sglang) package directory to read instead of asking O(python), for example an editable checkout
+        C(/sgl-workspace/sglang/python/sglang).
+    type: path
+  launch_args:
+    description:
+      - SGLang flag names without leading dashes mapped to values (inventory C(sglang_launch_args)).
+      - V(true) renders a bare flag (only for options that take no value); V(false) and V(null) leave the flag
+        out; a list gives several values (C(nargs)) or repeats the flag (C(append) options); a mapping is
+        rendered as compact JSON.
+    type: dict
+    default: {}
+  host:
+    description:
+      - Bind address, rendered as C(--host) (inventory C(sglang_host)). Must then not be in O(launch_args).
+    type: str
+  port:
+    description:
+      - HTTP port, rendered as C(--port) (inventory C(sglang_port)). Must then not be in O(launch_args).
+    type: int
+  mode:
+    description:
+      - V(static) reads the source files.
+      - V(help) runs C(<python> -m sglang.launch_server --help) (authoritative, but imports sglang, which needs the
+        GPU software stack and can take a minute) and reads the option list; values are then checked only
+        for arity and choices.
+      - V(auto) reads the source and falls back to V(help) when no argument definitions are recognised or
+        C(srt/server_args.py) cannot be read.
+    type: str
+    choices: [static, help, auto]
+    default: auto
+  help_timeout_s:
+    description: Seconds allowed for the C(--help) run (O(mode=help) or the V(auto) fallback).
+    type: int
+    default: 300
+  extra_speculative_algorithms:
+    description:
+      - Names registered by plugins with C(SpeculativeAlgorithm.register) that O(launch_args) may use as
+        C(speculative-algorithm) in addition to the release's built-in ones.
+    type: list
+    elements: str
+    default: []
+attributes:
+  check_mode:
+    support: full
+    description: Reads files and, for O(mode=help), runs C(--help); changes nothing in either mode.
+  diff_mode:
+    support: none
+    description: Nothing is changed, so there is no diff.
+  platform:
+    support: full
+    platforms: posix
+notes:
+  - A release may extend choice lists at run time (plugins registering quantization methods, parsers); those
+    choices are taken as written in the source (RV(options_unchecked) lists options whose choices or value
+    types cannot be checked statically).
+  - "Errors returned (RV(errors)) use argparse's wording where argparse would fail, for example
+    C(ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill)."
+seealso:
+  - name: SGLang server arguments
+    description: The flags this module checks.
+    link: https://docs.sglang.ai/advanced_features/server_arguments.html
+  - name: argparse allow_abbrev
+    description: Prefix matching of long options.
+    link: https://docs.python.org/3/library/argparse.html#allow-abbrev
+"""
+
+EXAMPLES = r"""
+- name: Check the launch flags against the installed SGLang
+  sglang_server_args_info:
+    python: /opt/sglang/.venv/bin/python
+    launch_args:
+      model-path: /models/Llama-3.1-70B-Instruct
+      speculative-algorithm: EAGLE3
+      speculative-draft-model-path: /models/EAGLE3-Llama-3.1-70B
+      speculative-num-steps: 3
+      speculative-eagle-topk: 1
+      speculative-num-draft-tokens: 4
+      tp: 8
+      trust-remote-code: true
+    host: 127.0.0.1
+    port: 30000
+  register: sglang_args
+
+- name: Stop here when a flag is wrong
+  ansible.builtin.assert:
+    that: sglang_args.valid
+    fail_msg: "{{ sglang_args.errors | map(attribute='message') | list }}"
+"""
+
+RETURN = r"""
+sglang_version:
+  description: Release of the sglang found, read from C(_version.py), C(version.py) or the dist-info METADATA.
+  returned: always
+  type: str
+  sample: 0.5.23
+sglang_path:
+  description: The C(sglang) package directory read.
+  returned: always
+  type: str
+  sample: /opt/sglang/.venv/lib/python3.12/site-packages/sglang
+source_files:
+  description: Files whose definitions were read (static mode), or the C(--help) command line (help mode).
+  returned: always
+  type: list
+  elements: str
+style:
+  description: V(add_argument) or V(dataclass) (static mode), V(help) when the option list came from C(--help).
+  returned: always
+  type: str
+  sample: dataclass
+mode_used:
+  description: V(static) or V(help).
+  returned: always
+  type: str
+option_count:
+  description: Number of options the release defines (argparse's C(--help) included).
+  returned: always
+  type: int
+  sample: 532
+valid:
+  description: True when every flag is accepted by the release.
+  returned: always
+  type: bool
+errors:
+  description: One entry per problem; RV(valid) is false when this is not empty.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    flag:
+      description: The flag as given, with C(--).
+      type: str
+      sample: --cuda-graph-max-bs
+    message:
+      description: What is wrong and, where possible, the spelling the release accepts.
+      type: str
+      sample: "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"
+flag_warnings:
+  description: Flags the release accepts but marks as deprecated (same shape as RV(errors)).
+  returned: always
+  type: list
+  elements: dict
+resolved:
+  description: Each flag given (without dashes) mapped to the release's canonical option string.
+  returned: always
+  type: dict
+  sample: {"tp": "--tp-size", "model-path": "--model-path"}
+values:
+  description: Canonical option string mapped to the value given (V(true) for switches).
+  returned: always
+  type: dict
+  sample: {"--model-path": "/models/m", "--tp-size": 8}
+dest_values:
+  description:
+    - The values given keyed by the option's argparse destination (the C(ServerArgs) field, for example
+      C(model_path) whether the flag was given as C(model-path), C(model) or an abbreviation).
+  returned: always
+  type: dict
+  sample: {"model_path": "/models/m", "tp_size": 8}
+argv:
+  description:
+    - The flags rendered as an argument list to follow the launcher prefix (C(sglang_launcher)), with
+      canonical option strings and C(--host)/C(--port) last. Empty when RV(valid) is false.
+  returned: always
+  type: list
+  elements: str
+  sample: ["--model-path", "/models/m", "--tp-size", "8", "--trust-remote-code", "--host", "127.0.0.1", "--port", "30000"]
+options_unchecked:
+  description: Canonical options given whose values could not be fully checked (converter functions such as
+    C(human_readable_int), or choices computed at run time).
+  returned: always
+  type: list
+  elements: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import (
+    SGLangLocateError,
+    locate_package,
+    read_sglang_version,
+)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_args import (
+    SglangArgsError,
+    check_launch_args,
+    parse_help,
+    read_speculative_algorithms,
+    read_static,
+)
+
+C_ENV = {"LC_ALL": "C", "LANG": "C", "COLUMNS": "100000", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def find_package(module, python, package_dir):
+    """(package_dir, version) of the sglang to check; fails the module when it cannot be found."""
+    if package_dir:
+        if not os.path.isfile(os.path.join(package_dir, "srt", "server_args.py")):
+            module.fail_json(msg="%s is not an sglang package directory (no srt/server_args.py)" % package_dir)
+        return package_dir, read_sglang_version(package_dir)[0]
+
+    def run(argv):
+        return module.run_command(argv, environ_update=C_ENV)
+
+    try:
+        found = locate_package(python, run=run)
+    except SGLangLocateError as exc:
+        module.fail_json(msg=str(exc), rc=getattr(exc, "rc", None), stdout=getattr(exc, "stdout", ""),
+                         stderr=getattr(exc, "stderr", ""))
+    return found["package_dir"], found["version"]
+
+
+def read_help(module, python, timeout_s):
+    """Options listed by ``<python> -m sglang.launch_server --help``; fails the module if it cannot run."""
+    argv = [python, "-m", "sglang.launch_server", "--help"]
+    timeout_bin = module.get_bin_path("timeout")
+    run_argv = [timeout_bin, str(timeout_s)] + argv if timeout_bin else argv
+    rc, stdout, stderr = module.run_command(run_argv, environ_update=C_ENV)
+    if rc == 124 and timeout_bin:
+        module.fail_json(msg="%s did not finish within %d s (help_timeout_s)" % (" ".join(argv), timeout_s),
+                         rc=rc, stdout=stdout, stderr=stderr)
+    if rc != 0:
+        module.fail_json(msg="%s failed (rc=%s); help mode imports sglang, which needs its full dependencies "
+                             "(torch, CUDA); use mode=static on hosts without them" % (" ".join(argv), rc),
+                         rc=rc, stdout=stdout, stderr=stderr)
+    options = parse_help(stdout)
+    if not options:
+        module.fail_json(msg="no options found in the output of %s" % " ".join(argv), rc=rc, stdout=stdout,
+                         stderr=stderr)
+    return options, " ".join(argv)
+
+
+def unchecked_options(options, values):
+    out = []
+    by_name = {}
+    for option in options:
+        for name in option["option_strings"]:
+            by_name.setdefault(name, option)
+    for canonical in values:
+        option = by_name.get(canonical)
+        if option is None or option["nargs"] == 0:
+            continue
+        if (option["type"] is None) or (option["choices"] is None and not option["choices_known"]):
+            out.append(canonical)
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            python=dict(type="path"),
+            package_dir=dict(type="path"),
+            launch_args=dict(type="dict", default={}),
+            host=dict(type="str"),
+            port=dict(type="int"),
+            mode=dict(type="str", choices=["static", "help", "auto"], default="auto"),
+            help_timeout_s=dict(type="int", default=300),
+            extra_speculative_algorithms=dict(type="list", elements="str", default=[]),
+        ),
+        required_one_of=[["python", "package_dir"]],
+        required_if=[["mode", "help", ["python"]]],
+        supports_check_mode=True,
+    )
+    p = module.params
+    if p["port"] is not None and not 0 < p["port"] < 65536:
+        module.fail_json(msg="port must be between 1 and 65535, got %d" % p["port"])
+    package_dir, version = find_package(module, p["python"], p["package_dir"])
+    result = dict(changed=False, sglang_version=version, sglang_path=package_dir)
+
+    options, style, files, allow_abbrev, mode_used = [], "help", [], True, "help"
+    static_problem = None
+    if p["mode"] in ("static", "auto"):
+        try:
+            static = read_static(package_dir)
+        except SglangArgsError as exc:
+            # A layout this reader does not know (file moved or unparsable): --help still knows the flags.
+            if p["mode"] == "static" or not p["python"]:
+                module.fail_json(msg="cannot read the launch options of sglang %s: %s" % (version or "?", exc),
+                                 **result)
+            static = {"options": [], "style": "help", "files": [], "allow_abbrev": True}
+            static_problem = str(exc)
+        options, style, files = static["options"], static["style"], static["files"]
+        allow_abbrev, mode_used = static["allow_abbrev"], "static"
+        if not options and p["mode"] == "static":
+            module.fail_json(msg="no argument definitions recognised in %s (sglang %s); try mode=help"
+                                 % (", ".join(files), version or "?"), **result)
+    if not options:
+        if not p["python"]:
+            module.fail_json(msg="no argument definitions recognised in %s and help mode needs python"
+                                 % package_dir, **result)
+        options, command = read_help(module, p["python"], p["help_timeout_s"])
+        style, files, mode_used = "help", [command], "help"
+        if static_problem:
+            module.warn("static reading failed (%s); the flags were checked against --help" % static_problem)
+
+    known = {}
+    algorithms = read_speculative_algorithms(package_dir)
+    if algorithms:
+        known["--speculative-algorithm"] = sorted(set(algorithms) | set(
+            a.upper() for a in p["extra_speculative_algorithms"]))
+    checked = check_launch_args(options, p["launch_args"], host=p["host"], port=p["port"],
+                                allow_abbrev=allow_abbrev, known_values=known)
+    result.update(
+        source_files=files, style=style, mode_used=mode_used, option_count=len(options) + (
+            0 if any("--help" in o["option_strings"] for o in options) else 1),
+        valid=checked["valid"], errors=checked["errors"], flag_warnings=checked["warnings"],
+        resolved=checked["resolved"], values=checked["values"], dest_values=checked["dest_values"],
+        argv=checked["argv"] if checked["valid"] else [],
+        options_unchecked=unchecked_options(options, checked["values"]),
+    )
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

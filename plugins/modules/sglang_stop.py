@@ -1,0 +1,883 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# gpufleet: stop the SGLang server gpufleet launched and SGLang leftovers in one grace period; clean stale shm.
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: sglang_stop
+short_description: Stop an SGLang server and its leftover processes, scoped so nothing else is signalled
+description:
+  - Stops the SGLang server started by gpufleet and SGLang processes left over from earlier servers, all in one
+    grace period, then removes stale shared-memory segments.
+  - "What is stopped: the process named by O(pid_file) (written by the C(sglang_process) module), every
+    process of its session/process group and its other descendants (reason C(pid_file), C(process_group),
+    C(process_tree)), and every other process that
+    runs SGLang (reason C(pattern)), orphaned workers re-parented to PID 1 included. For the systemd method the
+    role stops the unit first (C(KillMode=control-group)) and this module then ends what is left outside it."
+  - "How: all of them get SIGTERM at the same moment; the module waits once, up to O(grace_s) seconds from that
+    moment, for all of them together (polling every O(poll_interval_ms)), then sends SIGKILL to the survivors
+    and waits up to O(kill_timeout_s). Signalling orphans together with the server matters: an orphaned worker
+    keeps multiprocessing's resource tracker (a child of the server, which ignores SIGTERM and exits when its
+    pipe closes) alive, so waiting for the server's group before signalling the orphan cost the whole grace."
+  - "Defunct processes with live threads: a process whose main thread exited while another thread lives shows
+    as C(<defunct>) (state Z) but still holds its GPU memory (its fds, its mm). It counts as alive: it gets
+    SIGKILL at once (a Python signal handler would never run without the main thread) and is gone only when
+    its last thread is (C(/proc/<pid>/task/*/stat)). Its command line is read from a live thread
+    (C(/proc/<pid>/task/<tid>/cmdline)); a defunct process whose threads all ended holds nothing and is skipped."
+  - "Which processes run SGLang: decided from the argument vector, never from a substring of the whole command
+    line. A process's I(program name) is its title when it starts with C(sglang::) (setproctitle writes the
+    whole title into argv[0]: C(sglang::scheduler_TP0), C(sglang::detokenizer)); the module after C(-m) when
+    argv[0] is a Python interpreter (C(python3 -m sglang.launch_server)); the script when an interpreter runs a
+    file (C(python3 /x/sglang/launch_server.py)); argv[0] otherwise. When the argument after the program is
+    not an option it is the I(subcommand) (C(sglang serve)). A process runs SGLang when O(pattern) matches the
+    whole program name, or the program name, a space and the subcommand. So C(grep sglang.launch_server),
+    C(pgrep -af sglang::scheduler), C(bash -c '... sglang ...'), C(vim .../sglang/launch_server.py) and
+    C(tail -f sglang.log) are never chosen."
+  - "Never signalled, whatever they hold open (C(/dev/nvidia*) included): processes of users not in O(users),
+    processes whose command line matches O(protect_pattern) (nvidia-persistenced, DCGM, exporters, nvidia-smi),
+    and this module's own process and its ancestors. Processes are never chosen because they hold a GPU device."
+  - "Exit status 137 of a server that received SIGTERM is a normal stop: SGLang up to 0.5.18 SIGKILLs its own
+    process tree at the end of shutdown."
+  - "Progress (modules cannot stream output): with O(slice_s) the call returns after at most that many seconds
+    with C(done=false) and a C(progress) line while the grace runs; call again with O(resume) set to the first
+    call's result until C(done) (the C(sglang_stop) role loops with C(until)/C(retries)). Detection stays as fast
+    as in one long call (O(poll_interval_ms)); the grace counts from the first call's signals."
+  - Stale segments in O(shm_dir) matching O(shm_patterns) are removed only when no live process maps or holds
+    them open and they belong to one of O(users).
+  - "Check mode: signals nothing and removes nothing; C(signalled) lists every process the stop would end
+    (server, its whole process group, leftovers, defunct processes with live threads), each with pid, cmdline,
+    user and C(ended=would signal); the preflight uses this to learn which GPU holders the stop will end."
+  - Requires psutil on the target (the SGLang virtualenv has it).
+version_added: "1.0.0"
+author: gpufleet
+options:
+  pid_file:
+    description:
+      - Pid file written when the server was launched (C(<sglang_state_dir>/sglang.pid)). Optional; a missing
+        file means only leftovers are looked for. A pid file whose process is gone or started after the file
+        was written (pid reuse) is stale and is removed without signalling anything.
+    type: path
+  users:
+    description:
+      - Only processes owned by these users are signalled (and only their shm segments removed).
+      - Empty (default) means the user this module runs as.
+    type: list
+    elements: str
+    default: []
+  grace_s:
+    description: Seconds after the SIGTERM (the server drains in-flight requests) before SIGKILL, one period
+      for the server and all leftovers together.
+    type: float
+    default: 60
+  kill_timeout_s:
+    description: Seconds to wait after SIGKILL before failing with the processes still alive.
+    type: float
+    default: 15
+  poll_interval_ms:
+    description: Milliseconds between checks whether the signalled processes are gone (1 to 100).
+    type: int
+    default: 100
+  slice_s:
+    description:
+      - Return after at most this many seconds while the grace period runs, with C(done=false) and
+        C(progress); the next call passes this result as O(resume). Unset means one call does the whole stop.
+      - The SIGKILL wait (O(kill_timeout_s)) is not sliced.
+    type: float
+  resume:
+    description:
+      - The registered result of the call that sent the signals (or of a later slice), to go on waiting for the
+        same processes (identified by pid and start time, so a reused pid is never signalled). Uses its
+        C(started_at), C(signalled) and C(main_pid); nothing new is selected or signalled with SIGTERM.
+      - A result with C(done=true) is returned unchanged.
+    type: dict
+  pattern:
+    description:
+      - Regular expression that must match a process's whole program name (Python C(re.fullmatch); see the
+        description for what the program name is) for the process to count as SGLang. It is never searched
+        in the whole command line.
+      - "The default accepts a C(sglang::) title, a module C(sglang) or C(sglang.<name>) (C(-m sglang.launch_server),
+        C(-m sglang.srt...), C(-m sglang.bench_serving)), a program C(sglang) with subcommand C(serve)
+        (C(sglang serve), the launcher from 0.5.6), and a script path ending in C(sglang/launch_server.py)."
+    type: str
+    default: 'sglang::.*|sglang\.[\w.]+|([^ ]*/)?sglang serve|([^ ]*/)?sglang/launch_server\.py'
+  protect_pattern:
+    description:
+      - Regular expression (searched in the whole command line) for processes never signalled even when they
+        run SGLang or sit in the server's process group (GPU monitors and exporters).
+    type: str
+    default: 'nvidia-persistenced|nv-hostengine|dcgm|exporter|nvidia-smi|nvidia-fabricmanager'
+  remove_stale_shm:
+    description: Remove stale shared-memory segments after the processes are gone.
+    type: bool
+    default: true
+  shm_dir:
+    description: Directory of POSIX shared-memory segments.
+    type: path
+    default: /dev/shm
+  shm_patterns:
+    description: Shell-style name patterns of SGLang/NCCL/CUDA segments.
+    type: list
+    elements: str
+    default: ['nccl-*', 'cuda.shm.*', 'sgl_shm_*']
+attributes:
+  check_mode:
+    support: full
+    details: Reports C(signalled) and C(removed_shm) as what would happen; sends no signal, removes nothing.
+  diff_mode:
+    support: none
+requirements:
+  - psutil
+notes:
+  - "Sources: worker titles C(sglang::scheduler_TP<n>), C(sglang::detokenizer) are set with setproctitle
+    (SGLang 0.4+); SGLang's own clean-up matches C(sglang::|sglang\\.launch_server|sglang\\.bench|sglang\\.data_parallel|sglang\\.srt)
+    as a substring, which also hits a C(grep) or C(pgrep) looking for those words (gpufleet issue 10, finding 7):
+    the program-name rule here replaces it. multiprocessing's resource tracker ignoring SIGTERM: CPython
+    C(Lib/multiprocessing/resource_tracker.py) C(main())."
+  - Fails when a process survives SIGKILL for O(kill_timeout_s) (for example stuck in uninterruptible I/O),
+    listing pid, state and command line; the host then needs an operator.
+  - Fails with a message on an invalid O(pattern)/O(protect_pattern), a pid file that does not hold a pid, a
+    pid file naming a process the module may not signal, and a O(resume) that is not a result of this module.
+"""
+
+EXAMPLES = r"""
+- name: Stop the server launched as a detached process, then leftovers, in one call
+  sglang_stop:
+    pid_file: /var/lib/gpufleet/sglang.pid
+    users: [sglang]
+    grace_s: 60
+
+- name: The same in 10 s slices, printing progress between them
+  sglang_stop:
+    pid_file: /var/lib/gpufleet/sglang.pid
+    users: [sglang]
+    grace_s: 60
+    slice_s: 10
+  register: stop
+
+- name: Go on waiting until everything is gone (SIGKILL after the grace)
+  sglang_stop:
+    pid_file: /var/lib/gpufleet/sglang.pid
+    users: [sglang]
+    grace_s: 60
+    slice_s: 10
+    resume: "{{ stop }}"
+  register: stop_rest
+  until: stop_rest.done | default(false) or stop_rest.failed | default(false)
+  retries: 8
+  delay: 0
+  when: not stop.done
+
+- name: What would be signalled (preflight), in check mode
+  sglang_stop:
+    users: [sglang]
+  check_mode: true
+  register: stop_preview
+"""
+
+RETURN = r"""
+signalled:
+  description: Every process signalled (or, in check mode, that would be), in the order they were signalled.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid: {description: Process id., type: int}
+    cmdline: {description: "Command line or title (/proc/<pid>/cmdline; of a live thread for a defunct process).", type: str}
+    user: {description: Owner., type: str}
+    reason: {description: "Why it was chosen: C(pid_file), C(process_group) (the server's session or process
+      group), C(process_tree) (another descendant of the server) or C(pattern) (it runs SGLang).", type: str}
+    defunct: {description: "True for a C(<defunct>) process whose other threads still live (gets SIGKILL at
+      once).", type: bool}
+    start_ticks: {description: "Start time in clock ticks after boot (/proc/<pid>/stat field 22); with the pid
+      it identifies the process across slices.", type: int}
+    signals: {description: Signals sent in order (C(SIGTERM), C(SIGKILL)); empty in check mode., type: list, elements: str}
+    ended: {description: "C(after SIGTERM), C(after SIGKILL), C(would signal) (check mode), C(waiting) (the grace
+      still runs: C(done=false)) or C(still running) (survived SIGKILL).", type: str}
+    wait_ms: {description: "Milliseconds from the signals until it was seen gone (with O(slice_s), a process that
+      ended between two calls is seen at the next call's first check); null while it runs.", type: int}
+  sample:
+    - {pid: 4242, cmdline: "python -m sglang.launch_server --model-path /models/x", user: sglang,
+       reason: pid_file, defunct: false, start_ticks: 881234, signals: [SIGTERM], ended: after SIGTERM, wait_ms: 5210}
+done:
+  description: True when the stop is over (everything gone, or check mode); false after a slice that ended
+    while the grace still runs (call again with O(resume)).
+  returned: always
+  type: bool
+started_at:
+  description: When the signals were sent (seconds since the epoch, target clock); C(stop_ms) counts from it.
+  returned: always
+  type: float
+progress:
+  description: "One line on where the stop stands, for example: waiting for 3 of 12 processes to exit after
+    SIGTERM: pid 4242 C(sglang::scheduler_TP3), ...; 20 s of 60 s grace, then SIGKILL."
+  returned: always
+  type: str
+removed_shm:
+  description: Paths of stale shared-memory segments removed (or that would be, in check mode); empty until C(done).
+  returned: always
+  type: list
+  elements: str
+  sample: [/dev/shm/nccl-Ab12Cd]
+kept_shm:
+  description: Matching segments kept, with the pids that still hold them or why they were kept.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{path: /dev/shm/nccl-Zz, holders: [77], reason: held}]
+main_pid:
+  description: Pid read from O(pid_file) when it named a live server process, else null.
+  returned: always
+  type: int
+pid_file_removed:
+  description: Whether the pid file was removed (server gone or file stale); in check mode, whether it would be.
+  returned: always
+  type: bool
+users:
+  description: The users whose processes may be signalled (O(users) or the module's own user).
+  returned: always
+  type: list
+  elements: str
+stop_ms:
+  description: Milliseconds from the signals (C(started_at)) to the end of this call.
+  returned: always
+  type: int
+"""
+
+import fnmatch
+import os
+import re
+import signal
+import time
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+try:
+    import psutil
+except ImportError:  # reported through missing_required_lib in main()
+    psutil = None
+    PSUTIL_IMPORT_ERROR = traceback.format_exc()
+else:
+    PSUTIL_IMPORT_ERROR = None
+
+SGLANG_PATTERN = r"sglang::.*|sglang\.[\w.]+|([^ ]*/)?sglang serve|([^ ]*/)?sglang/launch_server\.py"
+PROTECT_PATTERN = r"nvidia-persistenced|nv-hostengine|dcgm|exporter|nvidia-smi|nvidia-fabricmanager"
+# A pid file is written right after the process started (sglang_process); a process created noticeably
+# later than the file is a different process that reused the pid.
+PID_REUSE_SLACK_S = 5.0
+# Interpreters whose argv is parsed for -m / a script (python, python3, python3.11, pypy3, ...).
+_INTERPRETER_RE = re.compile(r"^(python|pypy)[0-9.]*[a-z]*$")
+# Python options that take a value (the value may be glued on: -Xdev, -Wignore); -m and -c end the options.
+_PY_VALUE_OPTS = "XW"
+_PY_LONG_VALUE_OPTS = ("--check-hash-based-pycs",)
+PROGRESS_NAMES = 5  # processes named in a progress line
+
+
+# ---------------------------------------------------------------------------------------------------
+# /proc readers (no psutil: they must work on defunct processes and per thread)
+# ---------------------------------------------------------------------------------------------------
+def read_stat(path):
+    """(state letter, start time in clock ticks) from a /proc/<pid>[/task/<tid>]/stat file, None if unreadable.
+
+    Fields after the ``comm`` in parentheses: state is field 3, starttime field 22 (proc(5)).
+    """
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+        rest = data.rsplit(b") ", 1)[1].split()
+        return rest[0].decode(), int(rest[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def live_threads(pid, proc_root="/proc"):
+    """Thread ids of ``pid`` that have not exited (``/proc/<pid>/task/<tid>/stat`` state not Z, X or x)."""
+    base = os.path.join(proc_root, str(pid), "task")
+    try:
+        tids = [t for t in os.listdir(base) if t.isdigit()]
+    except OSError:
+        return []
+    out = []
+    for tid in sorted(tids, key=int):
+        st = read_stat(os.path.join(base, tid, "stat"))
+        if st and st[0] not in "ZXx":
+            out.append(int(tid))
+    return out
+
+
+def process_alive(pid, start_ticks=None, proc_root="/proc"):
+    """Whether ``pid`` (the same process: ``start_ticks`` equal, when given) still exists and can hold anything.
+
+    A defunct thread-group leader (state Z) whose other threads still run is alive: it keeps its memory, fds and
+    GPU contexts until the last thread exits. A plain zombie (all threads ended) only awaits its parent's wait().
+    """
+    st = read_stat(os.path.join(proc_root, str(pid), "stat"))
+    if st is None:
+        return False
+    state, ticks = st
+    if start_ticks is not None and ticks != int(start_ticks):
+        return False  # the pid was reused
+    if state not in "ZXx":
+        return True
+    return bool(live_threads(pid, proc_root))
+
+
+def read_argv(pid, proc_root="/proc", tid=None):
+    """Argument vector of ``pid`` (of thread ``tid``'s view when given) as a list of str.
+
+    ``/proc/<pid>/cmdline`` holds argv NUL-separated. setproctitle (SGLang's titles) writes the whole title into
+    argv[0] and NULs after it: a single element holding spaces is split on whitespace, so a retitled
+    ``/venv/bin/python -m sglang.launch_server --port 1`` reads like the original argv. Invalid UTF-8 becomes
+    ``\\xNN``. [] when gone or unreadable, or for a defunct leader (its own mm is gone: read a thread's).
+    """
+    path = (os.path.join(proc_root, str(pid), "cmdline") if tid is None
+            else os.path.join(proc_root, str(pid), "task", str(tid), "cmdline"))
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return []
+    parts = [p.decode("utf-8", "backslashreplace") for p in raw.rstrip(b"\0").split(b"\0")] if raw.strip(b"\0") else []
+    if len(parts) == 1 and " " in parts[0].strip():
+        parts = parts[0].split()
+    return parts
+
+
+def program_name(argv):
+    """(program, subcommand) of an argument vector, as used to decide whether a process runs SGLang.
+
+    program: argv[0] when it is a ``sglang::`` title; for a Python interpreter the module after ``-m``, None for
+    ``-c`` or code from stdin, else the script path (the first argument that is not an interpreter option);
+    otherwise argv[0]. subcommand: the argument after the program (after the module or script for
+    interpreters) when it does not start with ``-``, else None. ``(None, None)`` for an empty argv.
+    """
+    if not argv:
+        return None, None
+    first = argv[0]
+    if first.startswith("sglang::"):
+        return first, None
+    if not _INTERPRETER_RE.match(os.path.basename(first)):
+        return first, _subcommand(argv, 1)
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg == "-":
+            return None, None  # program from stdin
+        if arg.startswith("--"):
+            i += 2 if (arg in _PY_LONG_VALUE_OPTS) else 1
+            continue
+        if arg.startswith("-"):
+            skip_next = False
+            for j in range(1, len(arg)):
+                letter, glued = arg[j], arg[j + 1:]
+                if letter == "m":
+                    if glued:
+                        return glued, _subcommand(argv, i + 1)
+                    return (argv[i + 1] if i + 1 < len(argv) else None), _subcommand(argv, i + 2)
+                if letter == "c":
+                    return None, None
+                if letter in _PY_VALUE_OPTS:
+                    skip_next = not glued
+                    break
+            i += 2 if skip_next else 1
+            continue
+        break
+    if i < len(argv):
+        return argv[i], _subcommand(argv, i + 1)
+    return first, None  # a bare interpreter (REPL)
+
+
+def _subcommand(argv, index):
+    if index < len(argv) and argv[index] and not argv[index].startswith("-"):
+        return argv[index]
+    return None
+
+
+def runs_sglang(argv, pattern_re):
+    """The name under which ``argv`` matched ``pattern_re`` (re.fullmatch), or None.
+
+    Tried: the program name, then ``program + " " + subcommand`` (see :func:`program_name`).
+    """
+    program, sub = program_name(argv)
+    if not program:
+        return None
+    for name in (program, "%s %s" % (program, sub) if sub else None):
+        if name and pattern_re.fullmatch(name):
+            return name
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# selection
+# ---------------------------------------------------------------------------------------------------
+class Proc(object):
+    """Snapshot of one process.
+
+    pid, ppid, pgid, sid, uid (int), user (str), cmdline (str, arguments joined by spaces), argv (list of str),
+    create_time (epoch s), start_ticks (clock ticks after boot, /proc stat field 22), defunct (bool: leader
+    exited, other threads live).
+    """
+
+    __slots__ = ("pid", "ppid", "pgid", "sid", "uid", "user", "cmdline", "argv", "create_time", "start_ticks",
+                 "defunct")
+
+    def __init__(self, pid, ppid, pgid, sid, uid, user, cmdline, create_time, argv=None, start_ticks=None,
+                 defunct=False):
+        self.pid, self.ppid, self.pgid, self.sid = pid, ppid, pgid, sid
+        self.uid, self.user, self.cmdline, self.create_time = uid, user, cmdline, create_time
+        self.argv = list(argv) if argv is not None else cmdline.split()
+        self.start_ticks = start_ticks
+        self.defunct = defunct
+
+    def __repr__(self):
+        return "Proc(pid=%d, user=%s, cmdline=%r%s)" % (self.pid, self.user, self.cmdline,
+                                                         ", defunct" if self.defunct else "")
+
+
+def snapshot(proc_root="/proc"):
+    """List of Proc for every process visible now that can still hold anything.
+
+    psutil gives owner and create time; /proc gives argv, state and start ticks. Plain zombies are left out
+    (they hold no memory, devices or segments); a defunct leader with live threads is kept (``defunct``) with the
+    argv of its first live thread.
+    """
+    procs = []
+    for handle in psutil.process_iter(["pid", "ppid", "uids", "username", "create_time", "name"]):
+        info = handle.info
+        pid = info["pid"]
+        st = read_stat(os.path.join(proc_root, str(pid), "stat"))
+        if st is None:
+            continue
+        defunct = False
+        argv = read_argv(pid, proc_root)
+        if st[0] in "ZXx":
+            threads = live_threads(pid, proc_root)
+            if not threads:
+                continue
+            defunct = True
+            argv = read_argv(pid, proc_root, tid=threads[0])
+        try:
+            pgid = os.getpgid(pid)
+            sid = os.getsid(pid)
+        except OSError:
+            continue
+        cmdline = " ".join(argv) if argv else "[%s]" % (info.get("name") or "")
+        uids = info.get("uids")
+        procs.append(Proc(pid, info.get("ppid") or 0, pgid, sid, uids.real if uids else -1,
+                          info.get("username") or "", cmdline, info.get("create_time") or 0.0, argv=argv,
+                          start_ticks=st[1], defunct=defunct))
+    return procs
+
+
+def protected_pids(self_pid=None):
+    """This module's pid and all its ancestors (never signalled)."""
+    me = psutil.Process(self_pid or os.getpid())
+    pids = {me.pid}
+    for parent in me.parents():
+        pids.add(parent.pid)
+    return pids
+
+
+def select_server(procs, main_pid, user_set, protected, protect_re):
+    """Targets of the server itself: the pid-file process, its session/process-group members, and its other
+    descendants (a child that left the group with setsid, found through the ppid chain).
+
+    Returns a list of (Proc, reason), reason ``pid_file``, ``process_group`` or ``process_tree``. Filters: owner
+    in ``user_set`` (set of user names), pid not in ``protected``, command line not matching ``protect_re``.
+    """
+    parent = {proc.pid: proc.ppid for proc in procs}
+
+    def descends(pid):
+        seen = set()
+        while pid and pid not in seen:
+            seen.add(pid)
+            pid = parent.get(pid)
+            if pid == main_pid:
+                return True
+        return False
+
+    chosen = []
+    for proc in procs:
+        if proc.pid == main_pid:
+            reason = "pid_file"
+        elif main_pid and (proc.pgid == main_pid or proc.sid == main_pid):
+            reason = "process_group"
+        elif main_pid and descends(proc.pid):
+            reason = "process_tree"
+        else:
+            continue
+        if _allowed(proc, user_set, protected, protect_re):
+            chosen.append((proc, reason))
+    return chosen
+
+
+def select_leftovers(procs, pattern_re, user_set, protected, protect_re, skip=()):
+    """Processes that run SGLang (:func:`runs_sglang` with ``pattern_re``), orphans and defunct ones included.
+
+    Same filters as select_server; pids in ``skip`` (already chosen) are left out. Returns [(Proc, "pattern")].
+    """
+    return [(proc, "pattern") for proc in procs
+            if proc.pid not in skip and runs_sglang(proc.argv, pattern_re)
+            and _allowed(proc, user_set, protected, protect_re)]
+
+
+def _allowed(proc, user_set, protected, protect_re):
+    if proc.pid in protected or proc.pid <= 1:
+        return False
+    if proc.user not in user_set:
+        return False
+    if protect_re.search(proc.cmdline):
+        return False
+    return True
+
+
+def read_pid_file(path):
+    """(pid, mtime) from a pid file holding a decimal pid; (None, None) when missing; ValueError if garbage."""
+    try:
+        with open(path) as handle:
+            text = handle.read().strip()
+        mtime = os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None, None
+    if not text.isdigit():
+        raise ValueError("pid file %s does not hold a pid: %r" % (path, text[:80]))
+    return int(text), mtime
+
+
+def pid_file_process(procs, pid, mtime):
+    """The Proc the pid file names, or None if gone or created after the file (pid reused)."""
+    for proc in procs:
+        if proc.pid == pid:
+            if proc.create_time > mtime + PID_REUSE_SLACK_S:
+                return None
+            return proc
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# signalling and waiting
+# ---------------------------------------------------------------------------------------------------
+def entry_for(proc, reason, ended):
+    """The ``signalled`` result entry of a chosen process (see RETURN)."""
+    return {"pid": proc.pid, "cmdline": proc.cmdline, "user": proc.user, "reason": reason,
+            "defunct": bool(proc.defunct), "start_ticks": proc.start_ticks, "signals": [], "ended": ended,
+            "wait_ms": None}
+
+
+def send(entry, signum, proc_root="/proc"):
+    """Send ``signum`` to the entry's process if it is still the same process; record it in ``signals``."""
+    if process_alive(entry["pid"], entry.get("start_ticks"), proc_root):
+        try:
+            os.kill(entry["pid"], signum)
+        except ProcessLookupError:
+            pass
+    entry["signals"].append(signal.Signals(signum).name)
+
+
+def signal_all(chosen):
+    """SIGTERM every chosen process at once; SIGKILL at once a defunct one (no main thread runs its handler).
+
+    ``chosen``: list of (Proc, reason). Returns the ``signalled`` entries, ``ended`` = ``waiting``.
+    """
+    entries = [entry_for(proc, reason, "waiting") for proc, reason in chosen]
+    for entry in entries:
+        send(entry, signal.SIGKILL if entry["defunct"] else signal.SIGTERM)
+    return entries
+
+
+def poll_gone(entries, until, started_at, poll_s, now=time.time, sleep=time.sleep, proc_root="/proc"):
+    """Poll the ``waiting`` entries every ``poll_s`` until all are gone or the clock passes ``until`` (epoch s).
+
+    Entries seen gone get ``ended`` = ``after SIGKILL`` when SIGKILL was sent, else ``after SIGTERM``, and
+    ``wait_ms`` from ``started_at``. Returns the entries still alive.
+    """
+    while True:
+        alive = []
+        for entry in entries:
+            if entry["ended"] != "waiting":
+                continue
+            if process_alive(entry["pid"], entry.get("start_ticks"), proc_root):
+                alive.append(entry)
+            else:
+                entry["ended"] = "after SIGKILL" if "SIGKILL" in entry["signals"] else "after SIGTERM"
+                entry["wait_ms"] = max(0, int((now() - started_at) * 1000))
+        left = until - now()
+        if not alive or left <= 0:
+            return alive
+        sleep(min(poll_s, left))
+
+
+def progress_line(entries, started_at, grace_s, now):
+    """``waiting for N of M processes to exit after SIGTERM: pid P title, ...; E s of G s grace, then SIGKILL``."""
+    waiting = [e for e in entries if e["ended"] == "waiting"]
+    elapsed = max(0.0, now - started_at)
+    if not waiting:
+        return "all %d signalled processes exited after %.1f s" % (len(entries), elapsed)
+    names = ", ".join("pid %d %s" % (e["pid"], e["cmdline"][:60]) for e in waiting[:PROGRESS_NAMES])
+    more = " and %d more" % (len(waiting) - PROGRESS_NAMES) if len(waiting) > PROGRESS_NAMES else ""
+    return ("waiting for %d of %d processes to exit after SIGTERM: %s%s; %.0f s of %.0f s grace, then SIGKILL"
+            % (len(waiting), len(entries), names, more, elapsed, grace_s))
+
+
+def kill_survivors(entries, kill_timeout_s, started_at, poll_s, now=time.time, sleep=time.sleep):
+    """SIGKILL the ``waiting`` entries, wait up to ``kill_timeout_s``; survivors get ``still running``."""
+    alive = [e for e in entries if e["ended"] == "waiting"]
+    for entry in alive:
+        if "SIGKILL" not in entry["signals"]:
+            send(entry, signal.SIGKILL)
+    left = poll_gone(alive, now() + kill_timeout_s, started_at, poll_s, now=now, sleep=sleep)
+    for entry in left:
+        entry["ended"] = "still running"
+    return left
+
+
+# ---------------------------------------------------------------------------------------------------
+# shared memory
+# ---------------------------------------------------------------------------------------------------
+def shm_holders(shm_dir, pids=None, proc_root="/proc"):
+    """Map path under ``shm_dir`` → set of pids that map it (/proc/<pid>/maps) or hold it open (/proc/<pid>/fd).
+
+    Also returns the set of pids whose maps/fds could not be read (other users without privilege), so callers
+    can keep segments such processes might hold. Returns (holders dict, unreadable set of (pid, uid)).
+    """
+    prefix = shm_dir.rstrip("/") + "/"
+    holders = {}
+    unreadable = set()
+    if pids is None:
+        pids = [int(p) for p in os.listdir(proc_root) if p.isdigit()]
+    for pid in pids:
+        base = os.path.join(proc_root, str(pid))
+        try:
+            with open(os.path.join(base, "maps"), "rb") as handle:
+                for line in handle:
+                    idx = line.find(prefix.encode())
+                    if idx >= 0:
+                        path = line[idx:].rstrip(b"\n").decode("utf-8", "surrogateescape")
+                        if path.endswith(" (deleted)"):
+                            continue
+                        holders.setdefault(path, set()).add(pid)
+            fd_dir = os.path.join(base, "fd")
+            for fd in os.listdir(fd_dir):
+                try:
+                    target = os.readlink(os.path.join(fd_dir, fd))
+                except OSError:
+                    continue
+                if target.startswith(prefix):
+                    holders.setdefault(target, set()).add(pid)
+        except FileNotFoundError:
+            continue
+        except PermissionError:
+            if pid == 1:
+                # An init never maps NCCL/CUDA segments; in containers its maps are often unreadable even to
+                # root, which would otherwise keep every segment forever.
+                continue
+            try:
+                uid = os.stat(base).st_uid
+            except OSError:
+                continue
+            unreadable.add((pid, uid))
+    return holders, unreadable
+
+
+def stale_segments(shm_dir, patterns, uid_set, holders, unreadable):
+    """Split matching segments into (removable paths, kept [{path, holders, reason}]).
+
+    A segment is removable when it matches one of ``patterns``, its owner uid is in ``uid_set``, no pid in
+    ``holders`` has it, and no unreadable process of the same owner could hold it.
+    """
+    removable, kept = [], []
+    try:
+        names = sorted(os.listdir(shm_dir))
+    except FileNotFoundError:
+        return removable, kept
+    unreadable_uids = {uid for _pid, uid in unreadable}
+    for name in names:
+        if not any(fnmatch.fnmatchcase(name, pat) for pat in patterns):
+            continue
+        path = os.path.join(shm_dir, name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if st.st_uid not in uid_set:
+            kept.append({"path": path, "holders": [], "reason": "owned by uid %d, not a managed user" % st.st_uid})
+        elif holders.get(path):
+            kept.append({"path": path, "holders": sorted(holders[path]), "reason": "held"})
+        elif st.st_uid in unreadable_uids:
+            kept.append({"path": path, "holders": [], "reason": "a process of the owner could not be inspected"})
+        else:
+            removable.append(path)
+    return removable, kept
+
+
+def _user_uids(users):
+    import pwd
+    uids = set()
+    for user in users:
+        try:
+            uids.add(pwd.getpwnam(user).pw_uid)
+        except KeyError:
+            pass
+    return uids
+
+
+# ---------------------------------------------------------------------------------------------------
+# the module
+# ---------------------------------------------------------------------------------------------------
+def _resume_state(resume):
+    """(started_at, entries, main_pid) from a previous result; ValueError naming what is missing."""
+    started_at = resume.get("started_at")
+    entries = resume.get("signalled")
+    if not isinstance(started_at, (int, float)) or not isinstance(entries, list):
+        raise ValueError("resume must be the registered result of an sglang_stop call (with started_at and "
+                         "signalled); got keys %s" % sorted(resume)[:12])
+    out = []
+    for item in entries:
+        if not isinstance(item, dict) or not isinstance(item.get("pid"), int):
+            raise ValueError("resume.signalled holds an entry without an integer pid: %r" % (item,))
+        entry = dict(item)
+        entry["signals"] = list(entry.get("signals") or [])
+        out.append(entry)
+    return float(started_at), out, resume.get("main_pid")
+
+
+def run(module, now=time.time):
+    params = module.params
+    check = module.check_mode
+    import pwd
+    users = params["users"] or [pwd.getpwuid(os.geteuid()).pw_name]
+    user_set = set(users)
+    try:
+        pattern_re = re.compile(params["pattern"])
+        protect_re = re.compile(params["protect_pattern"])
+    except re.error as exc:
+        module.fail_json(msg="invalid regular expression in pattern/protect_pattern: %s" % exc)
+    poll_s = params["poll_interval_ms"] / 1000.0
+    grace_s, kill_timeout_s = params["grace_s"], params["kill_timeout_s"]
+    result = {"changed": False, "signalled": [], "removed_shm": [], "kept_shm": [], "main_pid": None,
+              "pid_file_removed": False, "users": users, "done": False}
+    pid_file = params["pid_file"]
+    resume = params["resume"]
+
+    if resume:
+        if resume.get("done"):
+            return dict(resume)
+        try:
+            started_at, entries, main_pid = _resume_state(resume)
+        except ValueError as exc:
+            module.fail_json(msg=str(exc), **result)
+        result["main_pid"] = main_pid
+    else:
+        started_at = now()
+        procs = snapshot()
+        protected = protected_pids()
+        main = None
+        if pid_file:
+            try:
+                pid, mtime = read_pid_file(pid_file)
+            except ValueError as exc:
+                module.fail_json(msg="%s; remove it after checking no SGLang server runs" % exc, **result)
+            if pid is not None:
+                main = pid_file_process(procs, pid, mtime)
+                if main is not None and not _allowed(main, user_set, protected, protect_re):
+                    module.fail_json(msg="pid file %s names pid %d (%s, user %s), which this module may not signal "
+                                     "(user not in %s or protected); check the pid file and the users option"
+                                     % (pid_file, pid, main.cmdline, main.user, users), **result)
+                result["main_pid"] = main.pid if main else None
+        chosen = select_server(procs, main.pid, user_set, protected, protect_re) if main is not None else []
+        chosen += select_leftovers(procs, pattern_re, user_set, protected, protect_re,
+                                   skip={p.pid for p, _ in chosen})
+        if check:
+            entries = [entry_for(p, reason, "would signal") for p, reason in chosen]
+        else:
+            entries = signal_all(chosen)
+    result["signalled"] = entries
+    result["started_at"] = round(started_at, 3)
+
+    if not check:
+        slice_end = now() + params["slice_s"] if params["slice_s"] is not None else float("inf")
+        grace_end = started_at + grace_s
+        alive = poll_gone(entries, min(slice_end, grace_end), started_at, poll_s, now=now)
+        if alive and now() < grace_end:
+            # A slice ended while the grace runs: report where it stands; the caller resumes.
+            result.update(changed=bool(entries), progress=progress_line(entries, started_at, grace_s, now()),
+                          stop_ms=int((now() - started_at) * 1000))
+            return result
+        survivors = kill_survivors(entries, kill_timeout_s, started_at, poll_s, now=now) if alive else []
+        if survivors:
+            result.update(changed=True, done=True, stop_ms=int((now() - started_at) * 1000),
+                          progress="%d process(es) survived SIGKILL" % len(survivors))
+            module.fail_json(msg="%d process(es) survived SIGKILL for %.0f s (uninterruptible sleep?): %s; "
+                             "the GPUs are not free, an operator must look at this host"
+                             % (len(survivors), kill_timeout_s,
+                                "; ".join("pid %d state %s %s" % (e["pid"], _state(e["pid"]), e["cmdline"])
+                                          for e in survivors)), **result)
+
+    if pid_file and os.path.exists(pid_file):
+        if not check:
+            os.unlink(pid_file)
+        result["pid_file_removed"] = True
+
+    if params["remove_stale_shm"]:
+        holders, unreadable = shm_holders(params["shm_dir"])
+        removable, kept = stale_segments(params["shm_dir"], params["shm_patterns"], _user_uids(users),
+                                         holders, unreadable)
+        result["kept_shm"] = kept
+        for path in removable:
+            if not check:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+            result["removed_shm"].append(path)
+
+    result["done"] = True
+    result["changed"] = bool(result["signalled"] or result["removed_shm"] or result["pid_file_removed"])
+    result["stop_ms"] = 0 if check else int((now() - started_at) * 1000)
+    result["progress"] = (("would signal %d process(es)" % len(entries)) if check
+                          else progress_line(entries, started_at, grace_s, now()))
+    return result
+
+
+def _state(pid):
+    st = read_stat("/proc/%d/stat" % pid)
+    return st[0] if st else "?"
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            pid_file=dict(type="path"),
+            users=dict(type="list", elements="str", default=[]),
+            grace_s=dict(type="float", default=60),
+            kill_timeout_s=dict(type="float", default=15),
+            poll_interval_ms=dict(type="int", default=100),
+            slice_s=dict(type="float"),
+            resume=dict(type="dict"),
+            pattern=dict(type="str", default=SGLANG_PATTERN),
+            protect_pattern=dict(type="str", default=PROTECT_PATTERN),
+            remove_stale_shm=dict(type="bool", default=True),
+            shm_dir=dict(type="path", default="/dev/shm"),
+            shm_patterns=dict(type="list", elements="str", default=["nccl-*", "cuda.shm.*", "sgl_shm_*"]),
+        ),
+        supports_check_mode=True,
+    )
+    if psutil is None:
+        module.fail_json(msg=missing_required_lib("psutil"), exception=PSUTIL_IMPORT_ERROR)
+    params = module.params
+    if params["grace_s"] < 0 or params["kill_timeout_s"] < 0:
+        module.fail_json(msg="grace_s and kill_timeout_s must be >= 0 seconds, got %s and %s"
+                         % (params["grace_s"], params["kill_timeout_s"]))
+    if not 1 <= params["poll_interval_ms"] <= 100:
+        module.fail_json(msg="poll_interval_ms must be 1 to 100 (ms), got %d" % params["poll_interval_ms"])
+    if params["slice_s"] is not None and params["slice_s"] <= 0:
+        module.fail_json(msg="slice_s must be > 0 seconds (or unset for one call), got %s" % params["slice_s"])
+    module.exit_json(**run(module))
+
+
+if __name__ == "__main__":
+    main()
