@@ -46,7 +46,17 @@ def idle_host(tmp_path, monkeypatch):
 def holder():
     """A live process started by absolute interpreter path, like the recording's spawned workers."""
     import subprocess
-    proc = subprocess.Popen([os.path.abspath(sys.executable), "-c", "import time; time.sleep(60)"])
+    import time
+    exe = os.path.abspath(sys.executable)
+    proc = subprocess.Popen([exe, "-c", "import time; time.sleep(60)"])
+    # On a loaded machine /proc/<pid>/cmdline can still show the pre-exec argv for a moment after Popen
+    # returns (seen once in a full run: "python3"); the simulator reads argv[0] like NVML does.
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        with open("/proc/%d/cmdline" % proc.pid, "rb") as fh:
+            if fh.read().split(b"\0", 1)[0].decode() == exe:
+                break
+        time.sleep(0.01)
     yield proc.pid
     proc.kill()
     proc.wait()
