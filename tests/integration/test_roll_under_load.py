@@ -76,13 +76,13 @@ def test_rolling_restart_behind_the_router_fails_no_request(lab, router):
         assert server_pid(lab, h) != pids[h]
     for h in lab.hosts[2:]:
         assert after[worker_url(lab, h)] == before[worker_url(lab, h)]
-    # per host: removal, then the idle server, then the stop (module sglang_stop)
+    # per host: removal, then the idle server, then the stop (module sglang_stop; preflight ran it in check mode first)
     seen = [(d["host"], "stop" if d.get("task_action", "").endswith("sglang_stop") else d["task"])
             for d in lab.events(runner, "runner_on_ok")]
     for h in hosts:
         mine = [t for host, t in seen if host == h and t in (
             "Router - remove the worker", "Router - wait until the server has no request in flight", "stop")]
-        assert mine[:3] == ["Router - remove the worker", "Router - wait until the server has no request in flight",
+        assert mine[-3:] == ["Router - remove the worker", "Router - wait until the server has no request in flight",
                             "stop"], mine
 
 def test_a_failed_restart_puts_the_old_server_back_into_the_pool(lab, router):

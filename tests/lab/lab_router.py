@@ -7,7 +7,7 @@
 ``start`` runs ``python -m sglang_router.launch_router`` in the root network namespace, bound to the lab bridge's
 address (``10.213.K.254``: the hosts' stand-ins, which bind their lab IP, are reachable from there and the
 controller reaches the router there), with every lab host's server as a worker (``http://<host ip>:<sglang_port>``),
-round-robin policy, the router's defaults otherwise (retries, circuit breaker, health checks). It waits until
+round-robin policy, its Prometheus exporter on the bridge at port+1, the router's defaults otherwise (retries, circuit breaker, health checks). It waits until
 ``GET /workers`` lists every worker healthy, records the pid in ``<lab dir>/router.json`` and prints the URL.
 ``stop`` ends that pid (checked by its command line) and removes the record; ``lab.py down`` calls it too.
 Library use: ``start(lab_dir, ...)`` → ``{"url", "pid", "log", "workers"}``, ``stop(lab_dir)``.
@@ -95,7 +95,10 @@ def start(lab_dir, port=38000, python=None, extra=(), sglang_port=30000, timeout
     workers = worker_urls(state, sglang_port)
     log = os.path.join(os.path.realpath(lab_dir), "router.log")
     argv = [python or sys.executable, "-m", ROUTER_MODULE, "--host", host, "--port", str(port),
-            "--policy", "round_robin", "--log-level", "warn", "--worker-urls"] + workers + list(extra)
+            "--policy", "round_robin", "--log-level", "warn",
+            # its Prometheus exporter binds 0.0.0.0:29000 by default: one per machine; keep it on the lab's bridge
+            "--prometheus-host", host, "--prometheus-port", str(port + 1),
+            "--worker-urls"] + workers + list(extra)
     with open(log, "ab") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
