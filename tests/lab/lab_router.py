@@ -38,8 +38,9 @@ def bridge_ip(state):
     return state["subnet"].split("/")[0].rsplit(".", 1)[0] + ".254"
 
 
-def worker_urls(state, port=30000):
-    return ["http://%s:%d" % (h["ip"], port) for h in state["hosts"]]
+def worker_urls(state, port=30000, hosts=None):
+    """Worker URLs of the lab's hosts (or of the host names in ``hosts``), in lab order."""
+    return ["http://%s:%d" % (h["ip"], port) for h in state["hosts"] if hosts is None or h["name"] in hosts]
 
 
 def get_json(url, timeout=5):
@@ -86,13 +87,14 @@ def stop(lab_dir):
     return ran
 
 
-def start(lab_dir, port=38000, python=None, extra=(), sglang_port=30000, timeout_s=60, wait_healthy=True):
-    """Start the router for the lab in ``lab_dir`` (stops one started before). Returns {url, pid, log, workers}.
+def start(lab_dir, port=38000, python=None, extra=(), sglang_port=30000, timeout_s=60, wait_healthy=True, hosts=None):
+    """Start the router for the lab in ``lab_dir`` (stops one started before) with every host, or the host names in
+    ``hosts``, as a worker. Returns {url, pid, log, workers}.
     Raises RuntimeError naming the log when it does not list every worker healthy within ``timeout_s``."""
     stop(lab_dir)
     state = _lab_state(lab_dir)
     host = bridge_ip(state)
-    workers = worker_urls(state, sglang_port)
+    workers = worker_urls(state, sglang_port, hosts)
     log = os.path.join(os.path.realpath(lab_dir), "router.log")
     argv = [python or sys.executable, "-m", ROUTER_MODULE, "--host", host, "--port", str(port),
             "--policy", "round_robin", "--log-level", "warn",
