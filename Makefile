@@ -11,7 +11,7 @@ LAB_DIR ?= .lab
 PYTEST_ARGS ?=
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup system-packages venv venv-new lab-up lab-down demo test test-unit test-lab test-new lint docs clean
+.PHONY: setup system-packages venv venv-new lab-up lab-down demo roll-under-load test test-unit test-lab test-new lint docs clean
 
 setup: system-packages venv
 
@@ -55,6 +55,13 @@ demo: lab-up
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) playbooks/restart.yml
 	@echo; echo "=== second run: every host restarted again, still green ==="; echo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) playbooks/restart.yml
+
+# Rolling restart under continuous load behind the real sglang-router (PyPI, requirements/controller.txt), with the
+# router integration off (baseline) and on: prints failed_requests=N total_requests=M, writes docs/reliability.md.
+ROLL_HOSTS ?= 4
+ROLL_LAB_DIR ?= .lab-roll
+roll-under-load: setup
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python tests/lab/roll_under_load.py --hosts $(ROLL_HOSTS) --lab-dir $(ROLL_LAB_DIR)
 
 test: setup venv-new
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -12,6 +12,9 @@ default.
 - ``gpufleet_serial_error(value)`` → str: why ``gpufleet_serial`` is not a valid ``serial`` ('' when valid).
 - ``gpufleet_serial_value(value)`` → int|str|list: what ``serial:`` gets (1 when unset or invalid, so the
   play's ``serial`` never raises; the guard play has failed already in that case).
+- ``gpufleet_batch_size(value, n_hosts)`` → int: the most hosts one ``serial`` batch takes out of ``n_hosts``.
+- ``gpufleet_capacity_error(serial, max_unavailable, n_hosts)`` → str: why ``gpufleet_serial`` takes out more hosts
+  than ``gpufleet_max_unavailable`` allows ('' when it does not, or when either is unset or invalid).
 - ``gpufleet_guard_errors(values, host=None)`` → list of str: type errors of survey variables, each naming the
   variable the user set.
 - ``gpufleet_guard_report(hostvars, hosts)`` → list of str: those errors over the targeted hosts, de-duplicated.
@@ -86,6 +89,53 @@ def gpufleet_serial_value(value):
     return value.strip() if isinstance(value, str) else value
 
 
+def _hosts_of(item, n_hosts):
+    """Hosts one ``serial`` item (a valid count or percentage) stands for out of ``n_hosts`` (Ansible: a
+    percentage rounds down, at least 1; a count above n_hosts is n_hosts)."""
+    match = _PCT.match(item) if isinstance(item, str) else None
+    if match:
+        return max(1, int(float(match.group(1)) * n_hosts / 100.0))
+    return min(int(str(item).strip()), n_hosts)
+
+
+def gpufleet_batch_size(value, n_hosts):
+    """The most hosts one batch of ``serial: value`` takes out of ``n_hosts`` (int ≥ 1; 1 when ``value`` is unset
+    or invalid, as :func:`gpufleet_serial_value` makes the play run)."""
+    n_hosts = max(1, int(n_hosts or 1))
+    value = gpufleet_serial_value(value)
+    items = value if isinstance(value, list) else [value]
+    return max(_hosts_of(i, n_hosts) for i in items)
+
+
+def gpufleet_max_unavailable_error(value):
+    """Why ``gpufleet_max_unavailable`` is not a count ≥ 1 or a percentage 0 < p ≤ 100 ('' when valid or unset)."""
+    if gpufleet_unset(value):
+        return ""
+    problem = _serial_item_error(value)
+    if not problem:
+        return ""
+    return ("gpufleet_max_unavailable=%s is not valid: %s. Give the most hosts that may be out of service at once "
+            "(1, 2, ...) or a percentage of the targeted hosts (\"25%%\"); leave it empty for no limit"
+            % (_show(value), problem))
+
+
+def gpufleet_capacity_error(serial, max_unavailable, n_hosts):
+    """Why a rolling restart with ``serial`` over ``n_hosts`` hosts would take out more hosts at once than
+    ``max_unavailable`` (a count, or a percentage of ``n_hosts`` rounded down, at least 1) allows; '' when it
+    would not, or when either value is unset or invalid (their own errors say so)."""
+    if gpufleet_unset(max_unavailable) or gpufleet_max_unavailable_error(max_unavailable) or gpufleet_serial_error(serial):
+        return ""
+    n_hosts = max(1, int(n_hosts or 1))
+    allowed = _hosts_of(max_unavailable.strip() if isinstance(max_unavailable, str) else max_unavailable, n_hosts)
+    batch = gpufleet_batch_size(serial, n_hosts)
+    if batch <= allowed:
+        return ""
+    return ("gpufleet_serial=%s takes %d of the %d targeted hosts out of service at once, more than "
+            "gpufleet_max_unavailable=%s allows (%d); lower gpufleet_serial to %d or less, or raise "
+            "gpufleet_max_unavailable" % (_show(serial) if not gpufleet_unset(serial) else "1 (default)", batch, n_hosts,
+                                          _show(max_unavailable), allowed, allowed))
+
+
 def _show(value):
     return repr(value) if isinstance(value, str) else str(value)
 
@@ -108,7 +158,8 @@ def gpufleet_guard_errors(values, host=None):
     ``hostvars[host]``), each naming the
     variable as the user set it and saying what to set instead. Unset values (None, ``""``) are fine.
 
-    Checked: ``gpufleet_serial`` (see :func:`gpufleet_serial_error`), ``sglang_port`` (whole number 1-65535),
+    Checked: ``gpufleet_serial`` (see :func:`gpufleet_serial_error`), ``gpufleet_max_unavailable`` (see
+    :func:`gpufleet_max_unavailable_error`), ``sglang_port`` (whole number 1-65535),
     ``gpufleet_lock_lease_s`` and the deprecated ``gpufleet_lock_stale_s`` (whole number of seconds ≥ 1),
     ``sglang_verify_throughput`` (a boolean or yes/no/true/false/on/off/1/0), ``target`` (a string: a host,
     group or pattern). ``host`` (str) prefixes each message when given.
@@ -119,6 +170,9 @@ def gpufleet_guard_errors(values, host=None):
     serial = gpufleet_serial_error(values.get("gpufleet_serial"))
     if serial:
         errors.append(serial)
+    max_unavailable = gpufleet_max_unavailable_error(values.get("gpufleet_max_unavailable"))
+    if max_unavailable:
+        errors.append(max_unavailable)
     port = values.get("sglang_port")
     if not gpufleet_unset(port):
         problem = _int_error("sglang_port", port, 1, 65535, "give the HTTP port SGLang listens on, or leave it "
@@ -153,6 +207,13 @@ def gpufleet_guard_report(hostvars, hosts):
     for host in hosts:
         for message in gpufleet_guard_errors(hostvars[host]):
             seen.setdefault(message, []).append(host)
+    if hosts:
+        # The capacity guard concerns the run, not one host: serial and the limit are read from the first target.
+        first = hostvars[hosts[0]]
+        capacity = gpufleet_capacity_error(first.get("gpufleet_serial"), first.get("gpufleet_max_unavailable"),
+                                           len(hosts))
+        if capacity:
+            seen.setdefault(capacity, list(hosts))
     report = []
     for message, where in seen.items():
         if len(where) < len(hosts):
@@ -355,6 +416,8 @@ class FilterModule(object):
             "gpufleet_unset": gpufleet_unset,
             "gpufleet_serial_error": gpufleet_serial_error,
             "gpufleet_serial_value": gpufleet_serial_value,
+            "gpufleet_batch_size": gpufleet_batch_size,
+            "gpufleet_capacity_error": gpufleet_capacity_error,
             "gpufleet_guard_errors": gpufleet_guard_errors,
             "gpufleet_guard_report": gpufleet_guard_report,
             "gpufleet_rows": gpufleet_rows,

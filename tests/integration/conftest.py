@@ -202,18 +202,19 @@ class Lab:
 
     def wait_http(self, host, path="/health_generate", status=200, timeout_s=30):
         port = self.host_vars(host).get("sglang_port", 30000)
+        addr = self.host_vars(host).get("sglang_host", "127.0.0.1")
         code = ("import sys, time, urllib.request, urllib.error\n"
                 "deadline = time.time() + %f\n"
                 "while True:\n"
                 "    try:\n"
-                "        rc = urllib.request.urlopen('http://127.0.0.1:%d%s', timeout=2).status\n"
+                "        rc = urllib.request.urlopen('http://%s:%d%s', timeout=2).status\n"
                 "    except urllib.error.HTTPError as e:\n"
                 "        rc = e.code\n"
                 "    except OSError:\n"
                 "        rc = None\n"
                 "    if rc == %d or time.time() > deadline:\n"
                 "        print(rc); break\n"
-                "    time.sleep(0.1)\n" % (timeout_s, port, path, status))
+                "    time.sleep(0.1)\n" % (timeout_s, addr, port, path, status))
         res = self.exec(host, [self.host_vars(host)["sglang_python"], "-c", code], timeout=timeout_s + 30)
         got = res.stdout.strip()
         return int(got) if got.isdigit() else None

@@ -48,7 +48,8 @@ def host_left_as_found(lab):
 
 
 def http_status(lab, host, method, path, key=None):
-    url = "http://127.0.0.1:%d%s" % (int(lab.host_vars(host).get("sglang_port", 30000)), path)
+    hv = lab.host_vars(host)
+    url = "http://%s:%d%s" % (hv.get("sglang_host", "127.0.0.1"), int(hv.get("sglang_port", 30000)), path)
     argv = [lab.host_vars(host)["sglang_python"], "-c", HTTP_STATUS, method, url] + ([key] if key else [])
     return int(lab.exec(host, argv, check=True).stdout.strip())
 

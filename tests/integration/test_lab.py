@@ -175,7 +175,8 @@ def test_standin_serves_holds_gpu_memory_passes_nccl_env_and_releases_on_sigterm
             assert "/dev/nvidia%d" % rank in fds
         info = json.loads(lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c",
                                           "import urllib.request as u; print(u.urlopen("
-                                          "'http://127.0.0.1:30000/get_server_info').read().decode())"],
+                                          "'http://%s:30000/get_server_info').read().decode())"
+                                          % lab.host_vars(host)["sglang_host"]],
                                    check=True).stdout)
         assert info["version"] == lab.group_vars["lab_sglang_version"]
         assert info["tp_size"] == 8
@@ -418,9 +419,10 @@ def test_generate_reports_tokens_at_the_configured_speed(lab):
     pid = _start(lab, host)
     try:
         assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
-        code = ("import json, urllib.request as u; r = u.urlopen(u.Request('http://127.0.0.1:30000/generate', "
+        code = ("import json, urllib.request as u; r = u.urlopen(u.Request('http://%s:30000/generate', "
                 "data=json.dumps({'text': 'a b c', 'sampling_params': {'max_new_tokens': 200}}).encode(), "
-                "headers={'Content-Type': 'application/json'})); print(r.read().decode())")
+                "headers={'Content-Type': 'application/json'})); print(r.read().decode())"
+                % lab.host_vars(host)["sglang_host"])
         out = json.loads(lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", code], check=True).stdout)
         meta = out["meta_info"]
         assert meta["completion_tokens"] == 200 and meta["prompt_tokens"] == 3

@@ -91,7 +91,7 @@ def test_preflight_passes_on_every_lab_host(fleet):
         assert res["valid"] is True and res["errors"] == []
         argv = res["argv"]
         assert argv[argv.index("--tp-size") + 1] == "8"
-        assert argv[-4:] == ["--host", "127.0.0.1", "--port", "30000"]
+        assert argv[-4:] == ["--host", fleet.host_vars(host)["sglang_host"], "--port", "30000"]
     versions = {args[h]["sglang_version"] for h in hosts}
     assert len(versions) == 1 and None not in versions
     facts = module_results(runner, "sglang_host_info")

@@ -245,15 +245,16 @@ def test_a_slow_load_prints_progress_lines_while_it_waits(lab):
     # 20 s of loading in 5 s slices: at least three progress reports, each saying what is awaited and how long
     assert len(retries) >= 3, [d["res"].get("progress") for d in retries]
     pid = server_pid(lab, host)
+    addr = lab.host_vars(host)["sglang_host"]
     seconds = []
     for d in retries:
         progress = d["res"]["progress"]
-        assert progress.startswith("waiting for /health_generate on 127.0.0.1:30000 (pid %d): " % pid), progress
+        assert progress.startswith("waiting for /health_generate on %s:30000 (pid %d): " % (addr, pid)), progress
         assert "s of 900 s, last: connection refused" in progress and "log: '" in progress
         seconds.append(float(progress.split(": ", 1)[1].split(" s of ")[0]))
     assert seconds == sorted(seconds) and seconds[-1] >= 14
     # the lines reach the job output (AWX shows stdout) through the gpufleet_summary callback, not only the events
-    assert out.count("%s: waiting for /health_generate on 127.0.0.1:30000" % host) >= 3, out[-3000:]
+    assert out.count("%s: waiting for /health_generate on %s:30000" % (host, addr)) >= 3, out[-3000:]
     assert lab.wait_http(host) == 200
 
 

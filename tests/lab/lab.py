@@ -281,6 +281,9 @@ def inventory_docs(names, state, inventory_dirs):
             "sglang_python": h["python"],
             "sglang_launcher": [h["python"], STANDIN],
             "sglang_state_dir": os.path.join(h["dir"], "state"),
+            # The server binds the host's lab address, so a router on the bridge (lab_router.py) reaches it;
+            # gpufleet's own probes (preflight, launch readiness, verify, check) use sglang_host too.
+            "sglang_host": h["ip"],
             "sglang_launch_args": {
                 "model-path": os.path.join(mdir, TARGET_MODEL),
                 "speculative-draft-model-path": os.path.join(mdir, DRAFT_MODEL),
@@ -303,7 +306,6 @@ def inventory_docs(names, state, inventory_dirs):
         "ansible_control_path_dir": os.path.join(names.run_dir, "cp"),
         "sglang_launch_method": "process",
         "sglang_port": 30000,
-        "sglang_host": "127.0.0.1",
         "sglang_nccl_env": dict(NCCL_ENV),
         "lab_dir": names.lab_dir,
         "lab_sglang_version": state["sglang_version"],
@@ -488,6 +490,8 @@ def lab_netns_pids(names):
 
 def cmd_down(args):
     names = Names(args.lab_dir)
+    import lab_router  # the router lab_router.py started for this lab runs outside the lab's namespaces
+    lab_router.stop(names.lab_dir)
     state = load_state(names) or {}
     pids = {h.get("init_pid") for h in state.get("hosts", []) if h.get("init_pid")}
     pids = {p for p in pids if _lab_init_of(names, p)} | set(lab_init_pids(names))

@@ -445,28 +445,71 @@ class Server:
                 "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
                 "has_image_understanding": False, "has_audio_understanding": False}
 
-    def generate(self, body):
-        params = body.get("sampling_params") or {}
-        n = int(params.get("max_new_tokens", 16))
-        text = body.get("text") or ""
-        prompt_tokens = max(1, len(str(text).split()))
-        tps = float(faults().get("tokens_per_s", DEFAULT_TOKENS_PER_S))
-        t0 = time.time()
+    def _enter(self):
         with self.lock:
             self.inflight += 1
             if self.inflight == 1:
                 self.set_util(True)
+
+    def _leave(self):
+        with self.lock:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self.set_util(False)
+
+    def _meta(self, t0, prompt_tokens, n, done):
+        return {"id": "%x" % int(t0 * 1e6),
+                "finish_reason": {"type": "length", "length": n} if done else None,
+                "prompt_tokens": prompt_tokens, "completion_tokens": n, "cached_tokens": 0,
+                "e2e_latency": round(time.time() - t0, 4)}
+
+    @staticmethod
+    def _request(body):
+        params = body.get("sampling_params") or {}
+        n = int(params.get("max_new_tokens", 16))
+        text = body.get("text") or ""
+        return n, max(1, len(str(text).split())), float(faults().get("tokens_per_s", DEFAULT_TOKENS_PER_S))
+
+    def generate(self, body):
+        n, prompt_tokens, tps = self._request(body)
+        t0 = time.time()
+        self._enter()
         try:
             time.sleep(n / tps if tps > 0 else 0)
         finally:
-            with self.lock:
-                self.inflight -= 1
-                if self.inflight == 0:
-                    self.set_util(False)
-        return {"text": " ".join(["lab"] * n), "meta_info": {
-            "id": "%x" % int(t0 * 1e6), "finish_reason": {"type": "length", "length": n},
-            "prompt_tokens": prompt_tokens, "completion_tokens": n, "cached_tokens": 0,
-            "e2e_latency": round(time.time() - t0, 4)}}
+            self._leave()
+        return {"text": " ".join(["lab"] * n), "meta_info": self._meta(t0, prompt_tokens, n, True)}
+
+    def generate_stream(self, body, write):
+        """``"stream": true``: like SGLang, one SSE event per decoded chunk, ``data: {text (cumulative),
+        meta_info}``, then ``data: [DONE]``; ``write(bytes)`` sends one chunk (raises OSError when the client
+        is gone, which ends the request)."""
+        n, prompt_tokens, tps = self._request(body)
+        t0 = time.time()
+        step = max(1, n // 8)
+        self._enter()
+        try:
+            done = 0
+            while done < n:
+                k = min(step, n - done)
+                time.sleep(k / tps if tps > 0 else 0)
+                done += k
+                event = {"text": " ".join(["lab"] * done), "meta_info": self._meta(t0, prompt_tokens, done, done >= n)}
+                write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            write(b"data: [DONE]\n\n")
+        finally:
+            self._leave()
+
+    def loads(self):
+        """``GET /v1/loads`` (SGLang 0.5.23 srt/entrypoints/v1_loads.py): one entry per DP rank; the stand-in
+        has one, whose ``num_running_reqs`` is the number of ``/generate`` requests in flight."""
+        with self.lock:
+            running = self.inflight
+        return {"timestamp": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()), "version": self.version,
+                "accelerator": "NVIDIA H200", "num_accelerators": int(self.args.tp_size),
+                "loads": [{"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": running,
+                           "num_waiting_reqs": 0, "num_used_tokens": 0, "num_total_tokens": 0,
+                           "utilization": 0.87 if running else 0.0}]}
 
     def make_handler(self):
         from http.server import BaseHTTPRequestHandler
@@ -485,6 +528,24 @@ class Server:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _stream(self, body):
+                # Server-sent events over chunked transfer encoding (HTTP/1.1 keeps the connection).
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+
+                def write(data):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                try:
+                    server.generate_stream(body, write)
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except OSError:
+                    self.close_connection = True
 
             def _denied(self, path):
                 # SGLang 0.5.23 srt/utils/auth.py decide_request_auth: with --api-key every path except the
@@ -513,6 +574,8 @@ class Server:
                     return self._send(200, server.model_info())
                 if path == "/get_server_info" or (new_names and path == "/server_info"):
                     return self._send(200, server.server_info())
+                if path == "/v1/loads" and version_tuple(server.version) >= (0, 5, 23):
+                    return self._send(200, server.loads())
                 if path == "/v1/models":
                     name = getattr(server.args, "served_model_name", None) or server.args.model_path
                     return self._send(200, {"object": "list", "data": [
@@ -530,6 +593,8 @@ class Server:
                     body = json.loads(raw or b"{}")
                 except ValueError:
                     return self._send(400, {"error": {"message": "invalid JSON body"}})
+                if path == "/generate" and body.get("stream"):
+                    return self._stream(body)
                 if path == "/generate":
                     return self._send(200, server.generate(body))
                 self._send(404, {"detail": "Not Found"})

@@ -1,0 +1,109 @@
+"""Rolling restart behind the real sglang-router (PyPI sglang-router, tests/lab/lab_router.py) under load.
+
+The short form of ``make roll-under-load``: the router runs on the lab bridge in front of three lab hosts;
+loadgen.py sends continuous streaming and plain ``/generate`` requests through it while restart.yml, with
+``gpufleet_router_url`` set, restarts two hosts one at a time. Then a restart whose new server crashes: the host
+is rolled back and its old server is back in the router's pool. Asserts on the router's own worker list, the
+playbook's events and the clients' results.
+"""
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "lab"))
+import lab_router  # noqa: E402
+import loadgen  # noqa: E402
+
+PLAYBOOK = "playbooks/restart.yml"
+FAST = {"sglang_stop_grace_s": 10, "sglang_launch_ready_slice_s": 5}
+
+pytestmark = pytest.mark.lab_only_once
+
+
+def stdout_of(runner):
+    with open(runner.stdout.name) as handle:
+        return handle.read()
+
+
+def server_pid(lab, host):
+    res = lab.exec(host, ["cat", "%s/sglang.pid" % lab.host_vars(host)["sglang_state_dir"]])
+    return int(res.stdout.strip()) if res.returncode == 0 and res.stdout.strip().isdigit() else None
+
+
+def worker_url(lab, host):
+    return "http://%s:%d" % (lab.host_vars(host)["sglang_host"], int(lab.host_vars(host).get("sglang_port", 30000)))
+
+
+def pool(url):
+    """{worker url: (id, is_healthy)} as the router lists it."""
+    return {w["url"]: (w["id"], w["is_healthy"]) for w in lab_router.get_json(url + "/workers")["workers"]}
+
+
+@pytest.fixture(scope="module")
+def router(lab):
+    """The first three lab hosts (fewer in a smaller lab) serving (launched by restart.yml) behind a router that lists
+    them all healthy; info["hosts"] = their names."""
+    hosts = lab.hosts[:3]
+    idle = [h for h in hosts if not (lab.wait_http(h, timeout_s=1) == 200 and server_pid(lab, h))]
+    if idle:
+        runner = lab.run_playbook(PLAYBOOK, limit=",".join(idle), extravars=dict(FAST, gpufleet_serial=len(idle)))
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+    info = dict(lab_router.start(lab.lab_dir, port=38000 + os.getpid() % 1000, hosts=hosts), hosts=hosts)
+    try:
+        yield info
+    finally:
+        lab_router.stop(lab.lab_dir)
+
+
+def test_rolling_restart_behind_the_router_fails_no_request(lab, router):
+    hosts = lab.hosts[:2]
+    before = pool(router["url"])
+    pids = {h: server_pid(lab, h) for h in hosts}
+    gen = loadgen.LoadGen(router["url"], concurrency=4, max_s=600, max_new_tokens=16).start()
+    runner = lab.run_playbook(PLAYBOOK, limit=",".join(hosts),
+                              extravars=dict(FAST, gpufleet_serial=1, gpufleet_router_url=router["url"]))
+    res = gen.stop()
+    out = stdout_of(runner)
+    assert runner.status == "successful", out[-4000:]
+    assert res["failed_requests"] == 0 and res["total_requests"] >= 200, res
+    assert res["streamed"] >= 100, res
+    # each restarted host left the pool (DELETE) before its stop and came back as a new worker entry, healthy
+    removed = [d["host"] for d in lab.events(runner, "runner_on_ok", "uri") if d["task"] == "Router - remove the worker"]
+    assert sorted(removed) == sorted(hosts), removed
+    after = pool(router["url"])
+    assert set(after) == set(before) and all(healthy for _, healthy in after.values()), after
+    for h in hosts:
+        assert after[worker_url(lab, h)][0] != before[worker_url(lab, h)][0]
+        assert server_pid(lab, h) != pids[h]
+    for h in router["hosts"][2:]:
+        assert after[worker_url(lab, h)] == before[worker_url(lab, h)]
+    # per host: removal, then the idle server, then the stop (module sglang_stop; preflight ran it in check mode first)
+    seen = [(d["host"], "stop" if d.get("task_action", "").endswith("sglang_stop") else d["task"])
+            for d in lab.events(runner, "runner_on_ok")]
+    for h in hosts:
+        mine = [t for host, t in seen if host == h and t in (
+            "Router - remove the worker", "Router - wait until the server has no request in flight", "stop")]
+        assert mine[-3:] == ["Router - remove the worker", "Router - wait until the server has no request in flight",
+                            "stop"], mine
+
+def test_a_failed_restart_puts_the_old_server_back_into_the_pool(lab, router):
+    host = router["hosts"][-1]
+    old_pid = server_pid(lab, host)
+    lab.fault(host, crash_with_arg="--max-running-requests")
+    try:
+        args = dict(lab.host_vars(host)["sglang_launch_args"], **{"max-running-requests": 7})
+        gen = loadgen.LoadGen(router["url"], concurrency=2, max_s=600, max_new_tokens=16).start()
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(FAST, sglang_launch_args=args,
+                                                                       gpufleet_router_url=router["url"]))
+        res = gen.stop()
+    finally:
+        lab.clear_faults(host)
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-4000:]
+    assert "rollback: rolled_back" in out and "is back in the pool (the old server serves)" in out, out[-4000:]
+    assert res["failed_requests"] == 0, res
+    entry = pool(router["url"]).get(worker_url(lab, host))
+    assert entry and entry[1] is True, pool(router["url"])
+    assert server_pid(lab, host) not in (None, old_pid)

@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""The real sglang-router (PyPI ``sglang-router``) in front of a lab fleet, on the controller side.
+
+    lab_router.py start --lab-dir DIR [--port 38000] [--python PY] [-- EXTRA ROUTER FLAGS...]
+    lab_router.py stop  --lab-dir DIR
+
+``start`` runs ``python -m sglang_router.launch_router`` in the root network namespace, bound to the lab bridge's
+address (``10.213.K.254``: the hosts' stand-ins, which bind their lab IP, are reachable from there and the
+controller reaches the router there), with every lab host's server as a worker (``http://<host ip>:<sglang_port>``),
+round-robin policy, its Prometheus exporter on the bridge at port+1, the router's defaults otherwise (retries, circuit breaker, health checks). It waits until
+``GET /workers`` lists every worker healthy, records the pid in ``<lab dir>/router.json`` and prints the URL.
+``stop`` ends that pid (checked by its command line) and removes the record; ``lab.py down`` calls it too.
+Library use: ``start(lab_dir, ...)`` → ``{"url", "pid", "log", "workers"}``, ``stop(lab_dir)``.
+"""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROUTER_MODULE = "sglang_router.launch_router"
+
+
+def _record(lab_dir):
+    return os.path.join(os.path.realpath(lab_dir), "router.json")
+
+
+def _lab_state(lab_dir):
+    with open(os.path.join(os.path.realpath(lab_dir), "lab.json")) as fh:
+        return json.load(fh)
+
+
+def bridge_ip(state):
+    """The lab bridge's address, 10.213.K.254 (lab.py up gives the bridge .254 of the lab's /24)."""
+    return state["subnet"].split("/")[0].rsplit(".", 1)[0] + ".254"
+
+
+def worker_urls(state, port=30000, hosts=None):
+    """Worker URLs of the lab's hosts (or of the host names in ``hosts``), in lab order."""
+    return ["http://%s:%d" % (h["ip"], port) for h in state["hosts"] if hosts is None or h["name"] in hosts]
+
+
+def get_json(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read().decode())
+
+
+def healthy_workers(url):
+    """Worker URLs the router lists with is_healthy true ([] when it does not answer)."""
+    try:
+        return sorted(w["url"] for w in get_json(url + "/workers").get("workers", []) if w.get("is_healthy"))
+    except (OSError, ValueError):
+        return []
+
+
+def _alive_router(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            return ROUTER_MODULE.encode() in fh.read()
+    except OSError:
+        return False
+
+
+def stop(lab_dir):
+    """Stop the router started for this lab (its recorded pid, checked by command line). True if one ran."""
+    path = _record(lab_dir)
+    try:
+        with open(path) as fh:
+            pid = int(json.load(fh)["pid"])
+    except (OSError, ValueError, KeyError):
+        return False
+    ran = _alive_router(pid)
+    if ran:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.time() + 10
+        while _alive_router(pid) and time.time() < deadline:
+            time.sleep(0.1)
+        if _alive_router(pid):
+            os.kill(pid, signal.SIGKILL)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return ran
+
+
+def start(lab_dir, port=38000, python=None, extra=(), sglang_port=30000, timeout_s=60, wait_healthy=True, hosts=None):
+    """Start the router for the lab in ``lab_dir`` (stops one started before) with every host, or the host names in
+    ``hosts``, as a worker. Returns {url, pid, log, workers}.
+    Raises RuntimeError naming the log when it does not list every worker healthy within ``timeout_s``."""
+    stop(lab_dir)
+    state = _lab_state(lab_dir)
+    host = bridge_ip(state)
+    workers = worker_urls(state, sglang_port, hosts)
+    log = os.path.join(os.path.realpath(lab_dir), "router.log")
+    argv = [python or sys.executable, "-m", ROUTER_MODULE, "--host", host, "--port", str(port),
+            "--policy", "round_robin", "--log-level", "warn",
+            # its Prometheus exporter binds 0.0.0.0:29000 by default: one per machine; keep it on the lab's bridge
+            "--prometheus-host", host, "--prometheus-port", str(port + 1),
+            "--worker-urls"] + workers + list(extra)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    url = "http://%s:%d" % (host, port)
+    with open(_record(lab_dir), "w") as fh:
+        json.dump({"pid": proc.pid, "url": url, "argv": argv, "log": log}, fh)
+    deadline = time.time() + timeout_s
+    while wait_healthy:
+        if proc.poll() is not None:
+            raise RuntimeError("sglang-router exited with %s: see %s" % (proc.returncode, log))
+        if healthy_workers(url) == sorted(workers):
+            break
+        if time.time() > deadline:
+            raise RuntimeError("sglang-router at %s does not list all of %s healthy after %d s (listed healthy: %s); "
+                               "see %s" % (url, ", ".join(workers), timeout_s, healthy_workers(url), log))
+        time.sleep(0.5)
+    return {"url": url, "pid": proc.pid, "log": log, "workers": workers}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="lab_router.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("cmd", choices=["start", "stop"])
+    p.add_argument("--lab-dir", default=os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), ".lab"))
+    p.add_argument("--port", type=int, default=38000)
+    p.add_argument("--python", help="interpreter with sglang-router installed (default: this one)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    args = p.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    if args.cmd == "stop":
+        print("router stopped" if stop(args.lab_dir) else "no router was running")
+        return 0
+    info = start(args.lab_dir, port=args.port, python=args.python, extra=extra)
+    print(info["url"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
