@@ -123,6 +123,7 @@ def test_info_reports_eight_h200_per_host_with_every_field(lab):
                    for p in r["gpus"][0]["processes"])
 
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_info_lists_standin_workers_per_gpu_from_both_sources(lab, standin):
     host, _ = standin
     runner = lab.run_module("nvidia_gpu_info", args(gpus=[2, 5]), hosts=host)
@@ -191,6 +192,7 @@ def test_playbook_runs_both_modules_in_check_mode_and_changes_nothing(lab):
         assert data["res"]["backend"] == "nvidia-smi" and len(data["res"]["gpus"]) == 8
 
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_playbook_wait_fails_on_the_busy_host_only(lab, standin):
     host, _ = standin
     runner = lab.run_playbook(PLAYBOOK, extravars={"gpu_wait_timeout_s": 1})

@@ -165,6 +165,7 @@ def test_unlock_shows_the_holder_and_removes_the_lock(lab):
 
 # -- summary rows ------------------------------------------------------------------------------------------
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_preflight_refusal_gives_every_target_a_row(lab):
     host = lab.hosts[-1]
     lab.fault(host, port_held=30123)

@@ -172,6 +172,7 @@ def _assert_refused_before_any_stop(lab, runner, before, words):
         assert alive(lab, host, pid), "%s: old server %d was stopped although preflight refused" % (host, pid)
 
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_preflight_refuses_unknown_flag_and_no_host_is_stopped(lab):
     before = ensure_serving(lab)
     runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=_launch_args_expr(
@@ -179,6 +180,7 @@ def test_preflight_refuses_unknown_flag_and_no_host_is_stopped(lab):
     _assert_refused_before_any_stop(lab, runner, before, ["speculative-num-stepz"])
 
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_preflight_refuses_missing_model_path_and_no_host_is_stopped(lab):
     before = ensure_serving(lab)
     runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=_launch_args_expr(
@@ -193,6 +195,7 @@ def test_preflight_refuses_null_launch_args_naming_the_variable(lab):
     _assert_refused_before_any_stop(lab, runner, before, ["sglang_launch_args is empty or null"])
 
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_preflight_refuses_port_held_by_stray_listener_and_no_host_is_stopped(lab):
     before = ensure_serving(lab)
     host = lab.hosts[-1]
@@ -231,6 +234,7 @@ def _hold_lock(lab, host, run_id):
     return lock
 
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_tagged_run_refuses_a_locked_host_too(lab):
     # The lock tasks carry tag always; a dynamic include_tasks would run none of them under --tags stop,wait.
     host = lab.hosts[0]
@@ -248,6 +252,7 @@ def test_tagged_run_refuses_a_locked_host_too(lab):
         lab.exec(host, ["rm", "-rf", lock])
 
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_lock_of_a_run_killed_on_this_controller_is_taken_over(lab):
     # Ctrl-C twice / SIGKILL leaves the lock; its owner.json names this controller and a pid now dead.
     import socket
@@ -269,6 +274,7 @@ def test_lock_of_a_run_killed_on_this_controller_is_taken_over(lab):
         lab.exec(host, ["rm", "-rf", lock])
 
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_inventory_lock_stale_s_takes_over_an_older_lock(lab):
     # gpufleet_lock_stale_s is read from the inventory (README); a play var of the same name would override it.
     host = lab.hosts[0]
@@ -321,6 +327,7 @@ def test_throughput_regression_fails_and_keeps_last_good(lab):
         lab.exec(host, ["rm", "-f", last_good])
 
 
+@pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_launch_failure_shows_log_tail_and_names_the_full_log(lab):
     host = lab.hosts[-1]
     ensure_serving(lab, [host])
