@@ -36,9 +36,9 @@ from ansible.plugins.callback import CallbackBase
 # stdout callbacks that print for people; anything else (json, jsonl, junit, tree, unknown) gets no line from us.
 HUMAN_STDOUT_CALLBACKS = frozenset((
     "default", "minimal", "oneline", "debug", "dense", "yaml", "unixy", "selective", "skippy", "actionable",
-    "counter_enabled", "diy", "null_progress", "full_skip", "stderr", "awx_display_default",
+    "counter_enabled", "diy", "null_progress", "full_skip", "stderr", "awx_display_default", "gpufleet_default",
 ))
-HUMAN_PREFIXES = ("ansible.builtin.", "community.general.", "ansible.posix.")
+HUMAN_PREFIXES = ("ansible.builtin.", "community.general.", "ansible.posix.", "gpufleet.fleet.")
 
 # Role → restart phase, for rows the playbook could not write (the host went unreachable).
 PHASE_OF_ROLE = {
