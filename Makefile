@@ -37,11 +37,12 @@ $(VENV)/.installed: requirements/controller.txt pyproject.toml
 	touch $@
 
 venv-new: $(VENV_NEW)/.installed
-$(VENV_NEW)/.installed: requirements/controller-ansible-2.21.txt
+$(VENV_NEW)/.installed: requirements/controller-ansible-2.21.txt pyproject.toml
 	@test -n "$(PY_NEW)" || { echo "no Python >= 3.12 found (set PY_NEW=/path/to/python3.12+)"; exit 1; }
 	$(PY_NEW) -m venv $(VENV_NEW)
 	$(VENV_NEW)/bin/python -m pip install -q --upgrade pip
 	$(VENV_NEW)/bin/python -m pip install -q -r requirements/controller-ansible-2.21.txt
+	$(VENV_NEW)/bin/python -m pip install -q -e .
 	touch $@
 
 lab-up: setup

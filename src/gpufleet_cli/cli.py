@@ -250,7 +250,8 @@ def run(args, out=None, err=None):
                 elif not args.json:
                     for host, phase in progress.changes[shown["n"]:]:
                         row = next(r for r in progress.hosts() if r["host"] == host)
-                        err.print("  %-20s %-10s %6.1f s" % (host, phase, row["elapsed_s"]), highlight=False)
+                        err.print("  %-20s %-10s %6.1f s" % (host, phase, row["elapsed_s"]), highlight=False,
+                                  soft_wrap=True)
                     shown["n"] = len(progress.changes)
     except KeyboardInterrupt:
         runner.canceled = True
@@ -275,9 +276,10 @@ def run(args, out=None, err=None):
             err.print("  %-20s %s" % (host, phase), highlight=False)
     out.print(fleet_table(report))
     for line in _why_lines(report):
-        out.print(line, highlight=False, markup=False)
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
     err.print("status %s, rc %s; artifacts: %s (stdout, job_events/); report: %s" % (
-        report["status"], report["rc"], artifacts, os.path.join(run_dir, "report.json")), highlight=False)
+        report["status"], report["rc"], artifacts, os.path.join(run_dir, "report.json")), highlight=False,
+        soft_wrap=True)
     return report
 
 

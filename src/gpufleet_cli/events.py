@@ -30,7 +30,16 @@ CHECK_VERDICTS = ("OK", "WARN", "CRIT")
 
 
 def phase_of(event_data, default=None):
-    """The phase a task belongs to (str) from its role or its name's ``(<phase>)`` suffix, else ``default``."""
+    """The phase a task belongs to (str) from its role or its name's ``(<phase>)`` suffix, else ``default``.
+
+    sglang_launch's ``tasks/rollback.yml`` is the ``rollback`` phase; its ``tasks/record.yml`` (the launch
+    record written after verify) belongs to no phase of its own (``default``).
+    """
+    task_path = event_data.get("task_path") or ""
+    if "/sglang_launch/tasks/rollback.yml" in task_path:
+        return "rollback"
+    if "/sglang_launch/tasks/record.yml" in task_path:
+        return default
     role = event_data.get("role") or ""
     role = role.rsplit(".", 1)[-1]
     if role in PHASE_OF_ROLE:

@@ -114,6 +114,17 @@ def test_progress_follows_phases_per_host_and_keeps_guard_failures_apart():
     assert rows["gpu-02"]["state"] == "unreachable" and "No route to host" in rows["gpu-02"]["cause"]
 
 
+def test_rollback_is_a_phase_and_the_launch_record_keeps_the_verify_phase():
+    p = events.FleetProgress()
+    p.handle(ev("runner_on_ok", "gpu-01", task="Verify", role="sglang_verify"))
+    p.handle(ev("runner_on_ok", "gpu-01", task="Write the launch record", role="sglang_launch",
+                task_path="/x/roles/sglang_launch/tasks/record.yml:3"))
+    assert p.hosts()[0]["phase"] == "verify"
+    p.handle(ev("runner_on_ok", "gpu-01", task="Put engine.py back", role="sglang_launch",
+                task_path="/x/roles/sglang_launch/tasks/rollback.yml:9"))
+    assert p.changes == [("gpu-01", "verify"), ("gpu-01", "rollback")]
+
+
 def test_retry_progress_shows_in_the_task_column():
     p = events.FleetProgress()
     p.handle(ev("runner_retry", "gpu-01", task="Wait for GPU memory", role="gpu_memory_wait",
