@@ -158,7 +158,7 @@ def fleet_table(report):
     command = report["command"]
     table = Table(title="gpufleet %s%s" % (command, " (check mode)" if report["check_mode"] else ""),
                   title_justify="left")
-    table.add_column("host")
+    table.add_column("host", no_wrap=True)
     rows = [report["hosts"][h] for h in sorted(report["hosts"])]
     if command == "restart":
         for col in RESTART_COLUMNS:
@@ -216,8 +216,9 @@ def run(args, out=None, err=None):
     """Run the command; returns the report dict (``exit_code`` inside). ``out``/``err``: rich Consoles."""
     import ansible_runner
     from rich.console import Console
-    out = out or Console()
-    err = err or Console(stderr=True)
+    # a pipe or a file gets wide lines (paths and the table stay whole); a terminal its own width
+    out = out or Console(width=None if sys.stdout.isatty() else 200)
+    err = err or Console(stderr=True, width=None if sys.stderr.isatty() else 200)
     project = os.path.abspath(args.project_dir) if args.project_dir else find_project()
     if args.project_dir and not project:
         raise SystemExit("gpufleet: --project-dir %s is not a gpufleet checkout" % args.project_dir)

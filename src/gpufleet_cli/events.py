@@ -20,6 +20,7 @@ PHASE_OF_ROLE = {
 }
 # restart.yml's own tasks end in "(<phase>)": "Note the phase (patch)", "Renew the restart lock (wait)".
 _PHASE_IN_TASK = re.compile(r"\((preflight|lock|stop|wait|patch|launch|verify)\)\s*$")
+_ARG_SPEC_ENTRY = re.compile(r"^Validating arguments against arg spec '(\w+)'")
 # The first play of every playbook checks the command line on the controller (playbooks/tasks/guards.yml).
 GUARD_PLAY_PREFIX = "Check the command line"
 # set_stats keys the playbooks publish: command → key.
@@ -36,9 +37,10 @@ def phase_of(event_data, default=None):
     record written after verify) belongs to no phase of its own (``default``).
     """
     task_path = event_data.get("task_path") or ""
-    if "/sglang_launch/tasks/rollback.yml" in task_path:
+    entry = _ARG_SPEC_ENTRY.match(event_data.get("task") or "")  # include_role tasks_from's validation task
+    if "/sglang_launch/tasks/rollback.yml" in task_path or (entry and entry.group(1) == "rollback"):
         return "rollback"
-    if "/sglang_launch/tasks/record.yml" in task_path:
+    if "/sglang_launch/tasks/record.yml" in task_path or (entry and entry.group(1) == "record"):
         return default
     role = event_data.get("role") or ""
     role = role.rsplit(".", 1)[-1]

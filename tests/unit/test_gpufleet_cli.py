@@ -119,6 +119,8 @@ def test_rollback_is_a_phase_and_the_launch_record_keeps_the_verify_phase():
     p.handle(ev("runner_on_ok", "gpu-01", task="Verify", role="sglang_verify"))
     p.handle(ev("runner_on_ok", "gpu-01", task="Write the launch record", role="sglang_launch",
                 task_path="/x/roles/sglang_launch/tasks/record.yml:3"))
+    p.handle(ev("runner_on_start", "gpu-01", role="sglang_launch", task_path="/x/playbooks/restart.yml:81",
+                task="Validating arguments against arg spec 'record' - Write the launch record"))
     assert p.hosts()[0]["phase"] == "verify"
     p.handle(ev("runner_on_ok", "gpu-01", task="Put engine.py back", role="sglang_launch",
                 task_path="/x/roles/sglang_launch/tasks/rollback.yml:9"))
