@@ -30,6 +30,10 @@ DEFAULT_PHASE = {"check": "check", "patch": "patch", "unlock": "unlock", "restar
 RESTART_COLUMNS = ("result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
 
 
+class UsageError(Exception):
+    """A command-line value the command cannot use; main() prints it and exits 2, running nothing."""
+
+
 def find_project(start=None):
     """The gpufleet checkout (str) holding ``start`` (default: cwd) or this package, else None.
 
@@ -130,7 +134,15 @@ def run_spec(args, project, now=None):
         envvars["ANSIBLE_CONFIG"] = os.path.join(project, "ansible.cfg")
     else:
         spec["playbook"] = "gpufleet.fleet." + args.command
-    inventories = [os.path.abspath(i) for i in (args.inventory or [])]
+    inventories = []
+    for inv in args.inventory or []:
+        if "," in inv:  # Ansible's host list: "gpu-01,gpu-02,"
+            inventories.append(inv)
+        elif not os.path.exists(inv):
+            raise UsageError("-i %s: no such inventory file or directory (give the path of an inventory, e.g. "
+                             "inventory/example, or a host list ending in a comma: -i gpu-01,)" % inv)
+        else:
+            inventories.append(os.path.abspath(inv))
     if not inventories and project and os.path.exists(os.path.join(project, "inventory", "lab", "hosts.yml")):
         inventories = [os.path.join(project, "inventory", "lab")]
     if inventories:
@@ -236,7 +248,8 @@ def run(args, out=None, err=None):
     if not args.json:
         err.print("gpufleet %s: %s%s" % (args.command, spec["playbook"],
                                          " (check mode)" if args.check else ""), highlight=False)
-    thread, runner = ansible_runner.run_async(event_handler=on_event, **spec)
+    cancel = threading.Event()  # Ctrl-C: ansible-runner stops the playbook (AWX's cancel), the report still comes
+    thread, runner = ansible_runner.run_async(event_handler=on_event, cancel_callback=cancel.is_set, **spec)
     live = None
     if not args.json and err.is_terminal:
         from rich.live import Live
@@ -255,7 +268,7 @@ def run(args, out=None, err=None):
                                   soft_wrap=True)
                     shown["n"] = len(progress.changes)
     except KeyboardInterrupt:
-        runner.canceled = True
+        cancel.set()
         thread.join()
     finally:
         if live is not None:
@@ -275,7 +288,8 @@ def run(args, out=None, err=None):
     if live is None:
         for host, phase in progress.changes[shown["n"]:]:
             err.print("  %-20s %s" % (host, phase), highlight=False)
-    out.print(fleet_table(report))
+    if report["hosts"]:
+        out.print(fleet_table(report))
     for line in _why_lines(report):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     err.print("status %s, rc %s; artifacts: %s (stdout, job_events/); report: %s" % (
@@ -287,7 +301,11 @@ def run(args, out=None, err=None):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     start = time.monotonic()
-    report = run(args)
+    try:
+        report = run(args)
+    except UsageError as exc:
+        print("gpufleet %s: %s. Nothing was run." % (args.command, exc), file=sys.stderr)
+        return 2
     if not args.json:
         from rich.console import Console
         Console(stderr=True).print("%s: %d host(s), %d failed, %.0f s" % (

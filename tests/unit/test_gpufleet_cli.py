@@ -64,6 +64,14 @@ def test_unlock_targets_the_limit_unless_target_is_given():
     assert spec_of(["unlock", "--limit", "gpu-07", "-e", "target=gpu-08"])[0]["extravars"]["target"] == "gpu-08"
 
 
+def test_a_missing_inventory_is_refused_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(cli.UsageError, match="-i /nonexistent/inv: no such inventory"):
+        spec_of(["check", "-i", "/nonexistent/inv"])
+    assert spec_of(["check", "-i", "gpu-01,gpu-02,"])[0]["inventory"] == ["gpu-01,gpu-02,"]
+    assert cli.main(["check", "-i", "/nonexistent/inv", "--artifacts-dir", str(tmp_path)]) == 2
+    assert "Nothing was run" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
 def test_extra_vars_parse_like_ansible(tmp_path):
     f = tmp_path / "vars.yml"
     f.write_text("sglang_verify_throughput: true\n")
