@@ -273,11 +273,13 @@ def run(args, out=None, err=None):
     finally:
         if live is not None:
             with lock:
-                progress.finish()
                 live.update(_progress_table(progress, args.verbose))
             live.stop()
     artifacts = runner.config.artifact_dir if getattr(runner, "config", None) else run_dir
-    report = build_report(args.command, progress, runner.status, runner.rc, artifacts, report_dir,
+    status = runner.status
+    if cancel.is_set() and status not in ("successful", "failed"):
+        status = "canceled"
+    report = build_report(args.command, progress, status, runner.rc, artifacts, report_dir,
                           check_mode=args.check)
     with open(os.path.join(run_dir, "report.json"), "w") as fh:
         json.dump(report, fh, indent=2, sort_keys=True, default=str)

@@ -26,7 +26,7 @@ GUARD_PLAY_PREFIX = "Check the command line"
 # set_stats keys the playbooks publish: command → key.
 STATS_KEY = {"restart": "gpufleet_restart", "check": "gpufleet_check"}
 # Row results that count as a failed host.
-BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not_reached"))
+BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not_reached", "canceled"))
 CHECK_VERDICTS = ("OK", "WARN", "CRIT")
 
 
@@ -134,14 +134,15 @@ class FleetProgress:
             row["task"] = "%s — %s" % (row["task"], res["progress"])
         return True
 
-    def finish(self):
-        """Mark every host still running as done (ok) at the end of the run."""
+    def finish(self, status="successful"):
+        """End the run: hosts still running are ``ok`` after a run that ended (ansible-runner status
+        successful/failed), ``canceled`` after one that was cancelled, timed out or did not finish."""
         now = self._clock()
         for row in self._hosts.values():
             if row["ended"] is None:
                 row["ended"] = now
             if row["state"] == "running":
-                row["state"] = "ok"
+                row["state"] = "ok" if status in ("successful", "failed") else "canceled"
 
     def hosts(self):
         now = self._clock()
@@ -193,7 +194,7 @@ def _check_rows(progress, report_dir):
             continue
         seen = progress.check_reports.get(host) or {}
         gpus = seen.get("gpus") if isinstance(seen.get("gpus"), list) else []
-        if row["state"] == "ok":
+        if row["state"] == "ok" and host not in rows:
             rows[host] = {"host": host, "verdict": "OK", "gpus_ok": len(gpus) or None,
                           "gpus_total": len(gpus) or None, "reasons": []}
         else:
@@ -239,7 +240,7 @@ def build_report(command, progress, status, rc, artifacts_dir, report_dir=None, 
     them; check rows ``verdict``/``gpus_ok``/``gpus_total``/``reasons``; patch/unlock ``result``/``changed``/
     ``cause``), ``failed_hosts`` (sorted list), ``stats`` (Ansible's per-host counters), ``exit_code`` (int).
     """
-    progress.finish()
+    progress.finish(status)
     if command == "restart":
         hosts = _restart_rows(progress)
     elif command == "check":

@@ -163,6 +163,14 @@ def test_restart_report_takes_the_published_rows_and_fails_on_a_rolled_back_host
     assert cli._why_lines(report) == ["gpu-02: verify — NCCL_PROTO missing in TP3 — fix sglang_nccl_env, then rerun"]
 
 
+def test_a_cancelled_run_marks_hosts_still_running_canceled_and_fails():
+    p = events.FleetProgress()
+    p.handle(ev("runner_on_start", "gpu-01", task="x", role="sglang_preflight"))
+    report = events.build_report("restart", p, "canceled", None, "/a")
+    assert report["hosts"]["gpu-01"]["result"] == "canceled" and report["failed_hosts"] == ["gpu-01"]
+    assert report["exit_code"] == 1
+
+
 def test_check_report_prefers_the_report_file_then_set_stats_then_the_run(tmp_path):
     verdicts = {"gpu-01": {"verdict": "WARN", "reasons": [{"severity": "WARN", "gpu": 3, "code": "temp",
                                                            "text": "86 C"}], "gpus_ok": 8, "gpus_total": 8},
