@@ -11,7 +11,8 @@ LAB_DIR ?= .lab
 PYTEST_ARGS ?=
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup system-packages venv venv-new lab-up lab-down demo roll-under-load test test-unit test-lab test-new lint docs clean
+.PHONY: setup system-packages venv venv-new lab-up lab-down demo roll-under-load test test-unit test-lab test-new lint docs \
+	clean collection ee-context awx-lint
 
 setup: system-packages venv
 
@@ -27,18 +28,21 @@ system-packages:
 	 fi
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements/controller.txt
+$(VENV)/.installed: requirements/controller.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install -q --upgrade pip
 	$(VENV)/bin/python -m pip install -q -r requirements/controller.txt
+	# the gpufleet command (src/gpufleet_cli), editable: it runs this checkout's playbooks
+	$(VENV)/bin/python -m pip install -q -e .
 	touch $@
 
 venv-new: $(VENV_NEW)/.installed
-$(VENV_NEW)/.installed: requirements/controller-ansible-2.21.txt
+$(VENV_NEW)/.installed: requirements/controller-ansible-2.21.txt pyproject.toml
 	@test -n "$(PY_NEW)" || { echo "no Python >= 3.12 found (set PY_NEW=/path/to/python3.12+)"; exit 1; }
 	$(PY_NEW) -m venv $(VENV_NEW)
 	$(VENV_NEW)/bin/python -m pip install -q --upgrade pip
 	$(VENV_NEW)/bin/python -m pip install -q -r requirements/controller-ansible-2.21.txt
+	$(VENV_NEW)/bin/python -m pip install -q -e .
 	touch $@
 
 lab-up: setup
@@ -71,5 +75,22 @@ lint: venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-config validate -t all
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-lint playbooks roles
 
+# The collection tarball (dist/gpufleet-fleet-<version>.tar.gz), installable with ansible-galaxy collection install.
+collection: venv
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-galaxy collection build --force --output-path dist .
+
+# The execution environment's build context (context/Containerfile); build it where a container engine runs:
+# podman build -f context/Containerfile -t gpufleet-ee:0.1.0 context
+ee-context: collection
+	$(VENV)/bin/python -c 'import sys; sys.path.insert(0, "tests/support"); import tools_venv; tools_venv.tools_venv()'
+	.cache/tools-venv/bin/ansible-builder create -f execution-environment.yml -c context --output-filename Containerfile
+
+# AWX configuration as code: syntax-check and lint awx/configure.yml against awx.awx from a throwaway venv.
+awx-lint: venv
+	$(VENV)/bin/python -c 'import sys; sys.path.insert(0, "tests/support"); import tools_venv; tools_venv.tools_venv()'
+	AWX=$$(ls -d $(CURDIR)/.cache/tools-venv/lib/python3*/site-packages); \
+	 PATH=$(CURDIR)/$(VENV)/bin:$$PATH ANSIBLE_COLLECTIONS_PATH=$$AWX:$(CURDIR)/collections ansible-playbook --syntax-check awx/configure.yml && \
+	 PATH=$(CURDIR)/$(VENV)/bin:$$PATH ANSIBLE_COLLECTIONS_PATH=$$AWX:$(CURDIR)/collections ansible-lint awx/configure.yml
+
 clean: lab-down
-	rm -rf $(VENV) $(VENV_NEW) .cache
+	rm -rf $(VENV) $(VENV_NEW) .cache dist context artifacts

@@ -23,8 +23,10 @@ description:
     unixy, ...; under ansible-runner/AWX the one named by ORIGINAL_STDOUT_CALLBACK, default C(default)), so a JSON
     stdout callback (C(json), C(ansible.posix.json), C(ansible.posix.jsonl)) stays valid JSON; the rows still reach
     it through C(set_stats) (C(gpufleet_restart) in the JSON's C(global_custom_stats))."
-  - Needs no enabling (it is always on); the callback directory must be on the plugin path
-    (ansible.cfg C(callback_plugins), or playbooks/callback_plugins/ under ansible-runner/AWX).
+  - "Needs no enabling (it is always on). Ansible loads it from C(playbooks/callback_plugins/) next to the
+    playbooks (a link, also inside the installed collection, so C(ansible-playbook gpufleet.fleet.restart) from
+    any directory prints the summary), or from ansible.cfg C(callback_plugins). Enabling it as well
+    (C(callbacks_enabled = gpufleet.fleet.gpufleet_summary)) still prints one summary."
 """
 
 import importlib.util
@@ -36,9 +38,9 @@ from ansible.plugins.callback import CallbackBase
 # stdout callbacks that print for people; anything else (json, jsonl, junit, tree, unknown) gets no line from us.
 HUMAN_STDOUT_CALLBACKS = frozenset((
     "default", "minimal", "oneline", "debug", "dense", "yaml", "unixy", "selective", "skippy", "actionable",
-    "counter_enabled", "diy", "null_progress", "full_skip", "stderr", "awx_display_default",
+    "counter_enabled", "diy", "null_progress", "full_skip", "stderr", "awx_display_default", "gpufleet_default",
 ))
-HUMAN_PREFIXES = ("ansible.builtin.", "community.general.", "ansible.posix.")
+HUMAN_PREFIXES = ("ansible.builtin.", "community.general.", "ansible.posix.", "gpufleet.fleet.")
 
 # Role → restart phase, for rows the playbook could not write (the host went unreachable).
 PHASE_OF_ROLE = {
@@ -71,6 +73,21 @@ def _load_table():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.gpufleet_summary_table
+
+
+def _first_copy(callback, kind, event):
+    """False when another loaded copy of this callback already handled ``event`` (the same object reaches every
+    callback). Ansible loads this file twice when it is both adjacent to the playbook (playbooks/callback_plugins,
+    also inside the installed collection) and enabled by FQCN (callbacks_enabled = gpufleet.fleet.gpufleet_summary):
+    two summaries would print. The marker lives on a module both copies share."""
+    if event is None:
+        return True
+    import ansible.plugins.callback as shared
+    marks = shared.__dict__.setdefault("_gpufleet_summary_handled", {})
+    if marks.get(kind) is event and marks.get(kind + "_by") is not callback:
+        return False
+    marks[kind], marks[kind + "_by"] = event, callback
+    return True
 
 
 def _plain(value):
@@ -260,13 +277,13 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_retry(self, result):
         progress = result._result.get("progress")
-        if progress and self._prints():
+        if progress and self._prints() and _first_copy(self, "retry", result):
             self._display.display("  %s: %s" % (result._host.get_name(), _first_line(progress, 400)))
 
     def v2_playbook_on_stats(self, stats):
         if self._targets is None and not self._rows and not self._fact_rows and not self._seen_restart:
             return  # not restart.yml
-        if not self._prints():
+        if not self._prints() or not _first_copy(self, "stats", stats):
             return
         rows = build_rows(self._targets, self._rows, self._fact_rows, self._unreachable, self._failed)
         self._display.banner("GPUFLEET SUMMARY")

@@ -1,0 +1,117 @@
+# gpufleet: Ansible's default stdout callback, quiet at verbosity 0 (a 4-host restart reads in about one screen).
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: gpufleet_default
+type: stdout
+short_description: Ansible's default output, without ok/skipped noise at verbosity 0
+description:
+  - "The C(default) stdout callback with one change at verbosity 0: results that are C(ok) or C(skipped),
+    C(include_tasks)/C(include_role) results, C(included:) lines and loop items that changed nothing are not
+    printed. A task's banner is printed only before its first shown result, a play's only before its first
+    shown task, so a restart of 4 hosts reads in
+    about one screen (what changed, what failed, the messages the playbooks write for people, the recap and
+    gpufleet's summary table)."
+  - "Messages of C(debug) tasks (C(msg)) stay, as one line per host: C(  <host>: <message>) under the task
+    banner (a list message is joined with C(; ), whitespace folded, cut after 240 characters). A looped
+    C(debug) prints nothing at verbosity 0 (its items changed nothing)."
+  - "Warnings and deprecation notices of hidden results are still printed."
+  - "With C(-v) or more it prints exactly what C(default) prints. The options are those of C(default);
+    C(display_ok_hosts) and C(display_skipped_hosts) apply from C(-v) on."
+  - "Nothing is lost for AWX or ansible-runner: job events carry every result whatever the stdout callback
+    shows, and under ansible-runner the stdout base is the callback named by C(ORIGINAL_STDOUT_CALLBACK)
+    (C(default) unless set)."
+extends_documentation_fragment:
+  - default_callback
+  - result_format_callback
+requirements:
+  - set as stdout in configuration (ansible.cfg C(stdout_callback = gpufleet.fleet.gpufleet_default))
+"""
+
+from ansible.plugins.callback.default import CallbackModule as DefaultCallbackModule
+from ansible.playbook.task_include import TaskInclude
+
+
+# Longest debug message printed at verbosity 0 (characters); -v prints it whole.
+MAX_MESSAGE_CHARS = 240
+
+
+def _message_text(msg):
+    """One line for a debug task's ``msg`` (str, list of str, or anything else as its str()), cut at
+    MAX_MESSAGE_CHARS characters with a pointer to -v."""
+    if isinstance(msg, (list, tuple)):
+        text = "; ".join(str(m) for m in msg)
+    else:
+        text = str(msg)
+    text = " ".join(text.split())
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS] + " ... (-v for all)"
+    return text
+
+
+class CallbackModule(DefaultCallbackModule):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "stdout"
+    CALLBACK_NAME = "gpufleet_default"
+
+    def _quiet(self):
+        """True at verbosity 0: ok/skipped results are summarised away."""
+        return self._display.verbosity < 1
+
+    def set_options(self, *args, **kwargs):
+        super().set_options(*args, **kwargs)
+        if self._quiet():
+            # lazy task banners (default prints one only before a shown result) and no ok/skipped lines
+            self._plugin_options["display_ok_hosts"] = False
+            self._plugin_options["display_skipped_hosts"] = False
+
+    def v2_playbook_on_play_start(self, play):
+        if not self._quiet():
+            return super().v2_playbook_on_play_start(play)
+        # the play's banner waits for its first shown task (a play that only checked prints nothing)
+        self._play = play
+        self._pending_play = play
+        return None
+
+    def _print_task_banner(self, task):
+        pending = getattr(self, "_pending_play", None)
+        if pending is not None:
+            self._pending_play = None
+            super().v2_playbook_on_play_start(pending)
+        super()._print_task_banner(task)
+
+    def _print_debug_message(self, result):
+        """True when ``result`` is a debug task's ok result whose message was printed in one line."""
+        action = result.task.action
+        if action not in ("debug", "ansible.builtin.debug", "ansible.legacy.debug") or "msg" not in result.result:
+            return False
+        if result.task.loop and "results" in result.result:  # the items were hidden; "All items completed"
+            return False
+        if self._last_task_banner != result.task._uuid:
+            self._print_task_banner(result.task)
+        self._handle_warnings_and_exception(result)
+        self._display.display("  %s: %s" % (self.host_label(result), _message_text(result.result["msg"])))
+        return True
+
+    def v2_runner_on_ok(self, result):
+        if self._quiet() and (isinstance(result.task, TaskInclude) or not result.result.get("changed", False)):
+            if isinstance(result.task, TaskInclude) or not self._print_debug_message(result):
+                self._handle_warnings_and_exception(result)
+            return
+        super().v2_runner_on_ok(result)
+
+    def v2_runner_on_skipped(self, result):
+        if self._quiet():
+            self._handle_warnings_and_exception(result)
+            return
+        super().v2_runner_on_skipped(result)
+
+    def v2_runner_item_on_skipped(self, result):
+        if self._quiet():
+            return
+        super().v2_runner_item_on_skipped(result)
+
+    def v2_playbook_on_include(self, included_file):
+        if self._quiet():
+            return
+        super().v2_playbook_on_include(included_file)

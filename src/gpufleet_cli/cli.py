@@ -1,0 +1,320 @@
+"""``gpufleet check|restart|patch|unlock``: gpufleet's playbooks through ansible-runner, with live progress.
+
+The playbook runs as AWX runs it (ansible-runner, job events, artifacts on disk); this prints a line or a
+live table per host (phase, elapsed, task), then the fleet table, and exits non-zero when a host failed, was
+unreachable or is CRIT. ``--json`` prints only the report (see ``events.build_report``).
+
+Playbooks come from the gpufleet checkout the command runs in (or was installed from: ``pip install -e``),
+else from the installed ``gpufleet.fleet`` collection (``ansible-playbook gpufleet.fleet.<name>``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+
+from gpufleet_cli import __version__
+from gpufleet_cli.events import FleetProgress, build_report
+
+COMMANDS = {
+    "check": "read-only fleet check (GPUs, processes, whether SGLang serves); exit 1 when a host is CRIT",
+    "restart": "rolling restart: preflight, then per host stop, wait, patch, launch, verify",
+    "patch": "the NCCL patch alone (no restart)",
+    "unlock": "show who holds a host's restart lock and remove it (--check only shows)",
+}
+DEFAULT_PHASE = {"check": "check", "patch": "patch", "unlock": "unlock", "restart": None}
+RESTART_COLUMNS = ("result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
+
+
+class UsageError(Exception):
+    """A command-line value the command cannot use; main() prints it and exits 2, running nothing."""
+
+
+def find_project(start=None):
+    """The gpufleet checkout (str) holding ``start`` (default: cwd) or this package, else None.
+
+    A checkout is a directory with ``ansible.cfg``, ``galaxy.yml`` and ``playbooks/restart.yml``.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    for base in (os.path.abspath(start or os.getcwd()), here):
+        path = base
+        while True:
+            if all(os.path.exists(os.path.join(path, p)) for p in ("ansible.cfg", "galaxy.yml",
+                                                                   os.path.join("playbooks", "restart.yml"))):
+                return path
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
+    return None
+
+
+def parse_extra(values):
+    """``-e KEY=VALUE`` (VALUE as YAML/JSON when it parses, else a string) and ``-e @file.yml`` → dict."""
+    import yaml
+    out = {}
+    for item in values or []:
+        if item.startswith("@"):
+            with open(item[1:]) as fh:
+                data = yaml.safe_load(fh) or {}
+            if not isinstance(data, dict):
+                raise SystemExit("gpufleet: -e %s: the file must hold a mapping of variables" % item)
+            out.update(data)
+            continue
+        if item.lstrip().startswith("{"):
+            data = yaml.safe_load(item)
+            if not isinstance(data, dict):
+                raise SystemExit("gpufleet: -e %r: not a mapping" % item)
+            out.update(data)
+            continue
+        if "=" not in item:
+            raise SystemExit("gpufleet: -e %r: write KEY=VALUE, a JSON/YAML mapping or @FILE" % item)
+        key, value = item.split("=", 1)
+        try:
+            parsed = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            parsed = value
+        out[key.strip()] = parsed if isinstance(parsed, (int, float, bool, list, dict)) and value else value
+    return out
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="gpufleet", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version="gpufleet " + __version__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{%s}" % ",".join(COMMANDS))
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("-i", "--inventory", action="append", metavar="PATH",
+                       help="inventory file or directory (repeatable; default: ansible.cfg's, else inventory/lab "
+                            "of the checkout when it exists)")
+        p.add_argument("-l", "--limit", metavar="PATTERN", help="Ansible's --limit (host, group or pattern)")
+        p.add_argument("--serial", metavar="N|PCT", help="hosts restarted at a time: a number or a percentage "
+                                                        "(-e gpufleet_serial=...)")
+        p.add_argument("-C", "--check", action="store_true", help="Ansible's check mode: change nothing")
+        p.add_argument("--json", action="store_true", help="print only the report as JSON (no progress)")
+        p.add_argument("-e", "--extra-vars", action="append", metavar="KEY=VALUE",
+                       help="extra variable (repeatable): KEY=VALUE, a JSON/YAML mapping, or @FILE")
+        p.add_argument("-v", "--verbose", action="count", default=0,
+                       help="more detail in the run's stdout (artifacts) and the task column")
+        p.add_argument("--artifacts-dir", metavar="DIR",
+                       help="where runs are kept (default: <checkout>/artifacts, else ~/.local/state/gpufleet)")
+        p.add_argument("--project-dir", metavar="DIR",
+                       help="gpufleet checkout to run from (default: the one around the current directory)")
+    return parser
+
+
+def run_spec(args, project, now=None):
+    """What ansible_runner.run_async gets (dict) plus ``run_dir`` and ``report_dir``; no side effects."""
+    now = now or datetime.datetime.now()
+    ident = "%s-%s-%d" % (now.strftime("%Y%m%dT%H%M%S"), args.command, os.getpid())
+    base = args.artifacts_dir or (os.path.join(project, "artifacts") if project else
+                                  os.path.join(os.path.expanduser("~"), ".local", "state", "gpufleet"))
+    run_dir = os.path.join(os.path.abspath(base), ident)
+    report_dir = os.path.join(run_dir, "report")
+    extravars = parse_extra(args.extra_vars)
+    if args.serial is not None:
+        extravars["gpufleet_serial"] = args.serial
+    if args.command == "unlock" and args.limit and "target" not in extravars:
+        extravars["target"] = args.limit
+    if args.command == "check":
+        extravars.setdefault("gpufleet_report_dir", report_dir)
+    envvars = {"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
+    bindir = os.path.dirname(sys.executable)
+    envvars["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
+    spec = {"private_data_dir": run_dir, "ident": ident, "extravars": extravars, "quiet": True,
+            "envvars": envvars}
+    if project:
+        spec["project_dir"] = project
+        spec["playbook"] = os.path.join(project, "playbooks", args.command + ".yml")
+        envvars["ANSIBLE_CONFIG"] = os.path.join(project, "ansible.cfg")
+    else:
+        spec["playbook"] = "gpufleet.fleet." + args.command
+    inventories = []
+    for inv in args.inventory or []:
+        if "," in inv:  # Ansible's host list: "gpu-01,gpu-02,"
+            inventories.append(inv)
+        elif not os.path.exists(inv):
+            raise UsageError("-i %s: no such inventory file or directory (give the path of an inventory, e.g. "
+                             "inventory/example, or a host list ending in a comma: -i gpu-01,)" % inv)
+        else:
+            inventories.append(os.path.abspath(inv))
+    if not inventories and project and os.path.exists(os.path.join(project, "inventory", "lab", "hosts.yml")):
+        inventories = [os.path.join(project, "inventory", "lab")]
+    if inventories:
+        spec["inventory"] = inventories
+    if args.limit:
+        spec["limit"] = args.limit
+    if args.check:
+        spec["cmdline"] = "--check"
+    if args.verbose:
+        spec["verbosity"] = args.verbose
+    return spec, run_dir, report_dir
+
+
+def _cell(value, fmt=None):
+    if value is None or value == "":
+        return "-"
+    if fmt and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fmt % value
+    return str(value)
+
+
+def fleet_table(report):
+    """rich Table of the report's hosts (columns per command)."""
+    from rich.table import Table
+    command = report["command"]
+    table = Table(title="gpufleet %s%s" % (command, " (check mode)" if report["check_mode"] else ""),
+                  title_justify="left")
+    table.add_column("host", no_wrap=True)
+    rows = [report["hosts"][h] for h in sorted(report["hosts"])]
+    if command == "restart":
+        for col in RESTART_COLUMNS:
+            table.add_column(col, justify="right" if col not in ("result", "nccl") else "left")
+        for row in rows:
+            table.add_row(row["host"], *[_cell(row.get(c), {"downtime_s": "%.1f", "release_wait_ms": "%d",
+                                                           "tokens_per_s": "%.1f"}.get(c)) for c in RESTART_COLUMNS])
+    elif command == "check":
+        table.add_column("verdict")
+        table.add_column("gpus_ok", justify="right")
+        table.add_column("reasons")
+        for row in rows:
+            reasons = "; ".join(
+                "%s%s: %s" % (r.get("severity", ""), "" if r.get("gpu") is None else " gpu %s" % r["gpu"],
+                              r.get("text") or r.get("code") or "") if isinstance(r, dict) else str(r)
+                for r in row.get("reasons") or [])
+            total = row.get("gpus_total")
+            gpus = "-" if total is None else "%s/%s" % (_cell(row.get("gpus_ok")), total)
+            table.add_row(row["host"], row["verdict"], gpus, reasons or "-")
+    else:
+        table.add_column("result")
+        table.add_column("changed", justify="right")
+        table.add_column("cause")
+        for row in rows:
+            table.add_row(row["host"], row["result"], str(row.get("changed", 0)), row.get("cause") or "-")
+    return table
+
+
+def _why_lines(report):
+    """Below the table: what went wrong per host (restart rows' phase/cause/next), and run-wide refusals."""
+    lines = ["run refused: %s" % err for err in report["run_errors"]]
+    for host in report["failed_hosts"]:
+        row = report["hosts"][host]
+        if report["command"] == "check":
+            continue
+        parts = [str(row[k]) for k in ("phase", "cause", "advice") if row.get(k)]
+        if parts:
+            lines.append("%s: %s" % (host, " — ".join(parts)))
+    return lines
+
+
+def _progress_table(progress, verbose):
+    from rich.table import Table
+    table = Table(box=None, show_header=True, pad_edge=False)
+    for col in ("host", "phase", "elapsed", "state") + (("task",) if verbose or True else ()):
+        table.add_column(col, no_wrap=col != "task", overflow="ellipsis")
+    for row in progress.hosts():
+        style = {"failed": "red", "unreachable": "red", "ok": "green"}.get(row["state"])
+        table.add_row(row["host"], row["phase"] or "-", "%.0f s" % row["elapsed_s"], row["state"],
+                      row["task"][:80] if not verbose else row["task"], style=style)
+    return table
+
+
+def run(args, out=None, err=None):
+    """Run the command; returns the report dict (``exit_code`` inside). ``out``/``err``: rich Consoles."""
+    import ansible_runner
+    from rich.console import Console
+    # a pipe or a file gets wide lines (paths and the table stay whole); a terminal its own width
+    out = out or Console(width=None if sys.stdout.isatty() else 200)
+    err = err or Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    project = os.path.abspath(args.project_dir) if args.project_dir else find_project()
+    if args.project_dir and not project:
+        raise SystemExit("gpufleet: --project-dir %s is not a gpufleet checkout" % args.project_dir)
+    spec, run_dir, report_dir = run_spec(args, project)
+    os.makedirs(report_dir, exist_ok=True)
+    progress = FleetProgress(default_phase=DEFAULT_PHASE[args.command])
+    lock = threading.Lock()
+    shown = {"n": 0}
+
+    def on_event(event):
+        with lock:
+            progress.handle(event)
+        return True
+
+    if not args.json:
+        err.print("gpufleet %s: %s%s" % (args.command, spec["playbook"],
+                                         " (check mode)" if args.check else ""), highlight=False)
+    cancel = threading.Event()  # Ctrl-C: ansible-runner stops the playbook (AWX's cancel), the report still comes
+    thread, runner = ansible_runner.run_async(event_handler=on_event, cancel_callback=cancel.is_set, **spec)
+    live = None
+    if not args.json and err.is_terminal:
+        from rich.live import Live
+        live = Live(_progress_table(progress, args.verbose), console=err, refresh_per_second=4, transient=False)
+        live.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.25)
+            with lock:
+                if live is not None:
+                    live.update(_progress_table(progress, args.verbose))
+                elif not args.json:
+                    for host, phase in progress.changes[shown["n"]:]:
+                        row = next(r for r in progress.hosts() if r["host"] == host)
+                        err.print("  %-20s %-10s %6.1f s" % (host, phase, row["elapsed_s"]), highlight=False,
+                                  soft_wrap=True)
+                    shown["n"] = len(progress.changes)
+    except KeyboardInterrupt:
+        cancel.set()
+        thread.join()
+    finally:
+        if live is not None:
+            with lock:
+                live.update(_progress_table(progress, args.verbose))
+            live.stop()
+    artifacts = runner.config.artifact_dir if getattr(runner, "config", None) else run_dir
+    status = runner.status
+    if cancel.is_set() and status not in ("successful", "failed"):
+        status = "canceled"
+    report = build_report(args.command, progress, status, runner.rc, artifacts, report_dir,
+                          check_mode=args.check)
+    with open(os.path.join(run_dir, "report.json"), "w") as fh:
+        json.dump(report, fh, indent=2, sort_keys=True, default=str)
+    if args.json:
+        out.print_json(json.dumps(report, default=str)) if out.is_terminal else \
+            print(json.dumps(report, indent=2, sort_keys=True, default=str))
+        return report
+    if live is None:
+        for host, phase in progress.changes[shown["n"]:]:
+            err.print("  %-20s %s" % (host, phase), highlight=False)
+    if report["hosts"]:
+        out.print(fleet_table(report))
+    for line in _why_lines(report):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    err.print("status %s, rc %s; artifacts: %s (stdout, job_events/); report: %s" % (
+        report["status"], report["rc"], artifacts, os.path.join(run_dir, "report.json")), highlight=False,
+        soft_wrap=True)
+    return report
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    start = time.monotonic()
+    try:
+        report = run(args)
+    except UsageError as exc:
+        print("gpufleet %s: %s. Nothing was run." % (args.command, exc), file=sys.stderr)
+        return 2
+    if not args.json:
+        from rich.console import Console
+        Console(stderr=True).print("%s: %d host(s), %d failed, %.0f s" % (
+            "FAILED" if report["exit_code"] else "ok", len(report["hosts"]), len(report["failed_hosts"]),
+            time.monotonic() - start), highlight=False)
+    return report["exit_code"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Packaging: the gpufleet.fleet collection (build, install, FQCN from an unrelated directory), the execution
+environment's build context, AWX configuration as code, ansible-lint's module argument checks. No lab.
+
+Tools that are not in the controller venvs (ansible-builder, awx.awx) come from a throwaway venv
+(tests/support/tools_venv.py, wheels cached under .cache/); those tests skip naming the reason when PyPI is
+unreachable and nothing is cached.
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
+sys.path.insert(0, os.path.join(ROOT, "tests", "support"))
+import tools_venv  # noqa: E402
+
+PLAYBOOKS = ("restart", "check", "patch", "unlock")
+
+
+def clean_env(**extra):
+    """Environment of a user outside the checkout: no ANSIBLE_* settings, the venv's tools on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
+    env.update(PATH=BIN + ":" + os.environ.get("PATH", "/usr/bin:/bin"), ANSIBLE_NOCOLOR="1", **extra)
+    return env
+
+
+def run(argv, cwd, env, timeout=300):
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """The collection built from the checkout and installed into a fresh collections path."""
+    base = tmp_path_factory.mktemp("collection")
+    build = run([os.path.join(BIN, "ansible-galaxy"), "collection", "build", "--output-path", str(base), ROOT],
+                cwd=str(base), env=clean_env())
+    assert build.returncode == 0, build.stderr
+    tarball = glob.glob(str(base / "gpufleet-fleet-*.tar.gz"))
+    assert len(tarball) == 1
+    colls = base / "colls"
+    inst = run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-p", str(colls), tarball[0]],
+               cwd=str(base), env=clean_env())
+    assert inst.returncode == 0, inst.stderr
+    work = base / "elsewhere"
+    work.mkdir()
+    return {"tarball": tarball[0], "colls": str(colls), "cwd": str(work),
+            "env": clean_env(ANSIBLE_COLLECTIONS_PATH=str(colls))}
+
+
+def test_tarball_holds_the_collection_and_not_the_checkout(installed):
+    with tarfile.open(installed["tarball"]) as tar:
+        names = set(tar.getnames())
+        manifest = json.load(tar.extractfile("MANIFEST.json"))["collection_info"]
+    galaxy = yaml.safe_load(open(os.path.join(ROOT, "galaxy.yml")))
+    assert (manifest["namespace"], manifest["name"], manifest["version"]) == ("gpufleet", "fleet", galaxy["version"])
+    for module in glob.glob(os.path.join(ROOT, "plugins", "modules", "*.py")):
+        assert "plugins/modules/" + os.path.basename(module) in names
+    for name in ("plugins/module_utils/gpufleet_gpu.py", "plugins/filter/gpufleet_run.py",
+                 "plugins/filter/sglang_argv.yml", "plugins/callback/gpufleet_summary.py",
+                 "plugins/callback/gpufleet_default.py", "roles/sglang_stop/tasks/main.yml", "meta/runtime.yml") + \
+            tuple("playbooks/%s.yml" % p for p in PLAYBOOKS):
+        assert name in names, name
+    assert not [n for n in names if n.split("/")[0] in ("tests", "library", "collections", ".git", "src", "awx")]
+
+
+def test_modules_resolve_by_fqcn_from_an_unrelated_directory(installed):
+    ansible = os.path.join(BIN, "ansible")
+    ok = run([ansible, "localhost", "-m", "gpufleet.fleet.sglang_host_info"], installed["cwd"], installed["env"])
+    assert ok.returncode == 0 and "localhost | SUCCESS" in ok.stdout and '"managed_pid"' in ok.stdout, \
+        ok.stdout + ok.stderr
+    # nvidia_gpu_info gets as far as its GPU backend (module_utils imported by collection path): no GPU here
+    gpu = run([ansible, "localhost", "-m", "gpufleet.fleet.nvidia_gpu_info"], installed["cwd"], installed["env"])
+    assert gpu.returncode != 0 and "nvidia-smi" in gpu.stdout + gpu.stderr
+    assert "Cannot resolve" not in gpu.stdout + gpu.stderr and "No module named" not in gpu.stdout + gpu.stderr
+    # without the collection on the path the same call cannot resolve: the test above proves the install
+    bare = run([ansible, "localhost", "-m", "gpufleet.fleet.sglang_host_info"], installed["cwd"], clean_env())
+    assert bare.returncode != 0
+
+
+def test_filters_and_modules_are_documented_for_ansible_doc(installed):
+    doc = os.path.join(BIN, "ansible-doc")
+    listed = run([doc, "-t", "filter", "-l", "gpufleet.fleet", "--json"], installed["cwd"], installed["env"])
+    assert listed.returncode == 0, listed.stderr
+    names = set(json.loads(listed.stdout))
+    sys.path.insert(0, os.path.join(ROOT, "collections"))
+    from ansible_collections.gpufleet.fleet.plugins.filter import gpufleet, gpufleet_run
+    defined = {"gpufleet.fleet." + n for m in (gpufleet, gpufleet_run) for n in m.FilterModule().filters()}
+    assert names == defined
+    one = run([doc, "-t", "filter", "--json", "gpufleet.fleet.gpufleet_serial_error"], installed["cwd"],
+              installed["env"])
+    data = json.loads(one.stdout)["gpufleet.fleet.gpufleet_serial_error"]
+    assert "percentage" in " ".join(data["doc"]["description"]) and data["return"]["_value"]["type"] == "str"
+    mod = run([doc, "--json", "gpufleet.fleet.nvidia_gpu_wait"], installed["cwd"], installed["env"])
+    assert mod.returncode == 0 and json.loads(mod.stdout)["gpufleet.fleet.nvidia_gpu_wait"]["doc"]["options"]
+
+
+def test_fqcn_playbooks_parse_and_the_summary_callback_runs_with_them(installed):
+    playbook = os.path.join(BIN, "ansible-playbook")
+    check = run([playbook, "--syntax-check", "-i", "localhost,"] + ["gpufleet.fleet." + p for p in PLAYBOOKS],
+                installed["cwd"], installed["env"])
+    assert check.returncode == 0, check.stdout + check.stderr
+    # A run refused by the command-line guard still ends with the summary table (one row, not_reached): the
+    # callback loads from the collection's playbooks/callback_plugins without enabling; enabled by FQCN as
+    # well, it still prints once.
+    for extra in ({}, {"ANSIBLE_CALLBACKS_ENABLED": "gpufleet.fleet.gpufleet_summary",
+                       "ANSIBLE_STDOUT_CALLBACK": "gpufleet.fleet.gpufleet_default"}):
+        refused = run([playbook, "-i", "gpu-x,", "gpufleet.fleet.restart", "-e", "target=gpu-x",
+                       "-e", "gpufleet_serial=abc"], installed["cwd"], dict(installed["env"], **extra))
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert refused.stdout.count("GPUFLEET SUMMARY") == 1, (extra, refused.stdout)
+        assert re.search(r"^gpu-x\s+not_reached", refused.stdout, re.M), refused.stdout
+        assert "gpufleet_serial" in refused.stdout
+
+
+def test_the_checkout_resolves_itself_as_the_collection_and_prints_one_summary():
+    env = clean_env(ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    playbook = os.path.join(BIN, "ansible-playbook")
+    for ref in ("gpufleet.fleet.restart", "playbooks/restart.yml"):
+        res = run([playbook, "-i", "gpu-x,", ref, "-e", "target=gpu-x", "-e", "gpufleet_serial=0"], ROOT, env)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert res.stdout.count("GPUFLEET SUMMARY") == 1, (ref, res.stdout)
+        assert "ok: [" not in res.stdout  # gpufleet_default: ok results are summarised away at verbosity 0
+    ad_hoc = run([os.path.join(BIN, "ansible"), "localhost", "-m", "sglang_host_info"], ROOT, env)
+    assert ad_hoc.returncode == 0, ad_hoc.stdout + ad_hoc.stderr
+
+
+@pytest.mark.lab_only_once
+def test_ansible_lint_imports_the_modules_and_checks_their_arguments(tmp_path):
+    lint = os.path.join(BIN, "ansible-lint")
+    if not os.path.exists(lint):
+        pytest.skip("ansible-lint is installed in the primary venv only (requirements/controller.txt)")
+    bad = os.path.join(ROOT, "playbooks", "_lint_probe_%d.yml" % os.getpid())
+    with open(bad, "w") as fh:
+        fh.write("---\n- name: Probe\n  hosts: gpu_hosts\n  gather_facts: false\n  tasks:\n"
+                 "    - name: Read the GPUs with an argument the module does not have\n"
+                 "      gpufleet.fleet.nvidia_gpu_info:\n        bogus_probe_arg: 1\n")
+    try:
+        res = run([lint, "playbooks", "roles"], ROOT, clean_env(ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg")),
+                  timeout=600)
+    finally:
+        os.unlink(bad)
+    out = res.stdout + res.stderr
+    assert "Ignored exception" not in out and "No module named" not in out, out[-3000:]
+    assert "bogus_probe_arg" in out and "Unsupported parameters" in out, out[-3000:]
+    # the only finding is the probe's
+    assert re.search(r"0 failure\(s\), 1 warning\(s\)", out), out[-2000:]
+
+
+@pytest.fixture(scope="module")
+def tools():
+    try:
+        return tools_venv.tools_venv()
+    except (tools_venv.ToolsUnavailable, subprocess.SubprocessError, OSError) as exc:
+        pytest.skip("ansible-builder / awx.awx not available (PyPI unreachable, nothing cached): %s" % exc)
+
+
+@pytest.mark.lab_only_once
+def test_ansible_builder_creates_the_ee_context_with_the_collection(tools, installed, tmp_path):
+    ee = yaml.safe_load(open(os.path.join(ROOT, "execution-environment.yml")))
+    assert ee["version"] == 3
+    pins = open(os.path.join(ROOT, "requirements", "controller.txt")).read()
+    assert ee["dependencies"]["ansible_core"]["package_pip"] in pins.splitlines()
+    assert ee["dependencies"]["ansible_runner"]["package_pip"] in pins.splitlines()
+    # ansible-builder copies the tarball from dist/ (make collection); put this build's tarball there
+    dist = os.path.join(ROOT, "dist")
+    os.makedirs(dist, exist_ok=True)
+    name = os.path.basename(installed["tarball"])
+    assert ee["additional_build_files"][0]["src"] == "dist/" + name
+    shutil.copy(installed["tarball"], os.path.join(dist, name))
+    ctx = tmp_path / "context"
+    res = run([os.path.join(tools["bin"], "ansible-builder"), "create", "-f", "execution-environment.yml",
+               "-c", str(ctx), "--output-filename", "Containerfile"], ROOT, clean_env(), timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    containerfile = (ctx / "Containerfile").read_text()
+    assert ee["dependencies"]["ansible_core"]["package_pip"] in containerfile
+    assert (ctx / "_build" / "collections" / name).exists()
+    # the galaxy stage: ansible-galaxy collection install -r requirements.yml in /build (= _build)
+    into = tmp_path / "ee-collections"
+    galaxy = run([os.path.join(BIN, "ansible-galaxy"), "collection", "install", "-r", "requirements.yml",
+                  "-p", str(into)], str(ctx / "_build"), clean_env())
+    assert galaxy.returncode == 0, galaxy.stdout + galaxy.stderr
+    assert (into / "ansible_collections" / "gpufleet" / "fleet" / "plugins" / "modules" / "nvidia_gpu_info.py").exists()
+
+
+@pytest.mark.lab_only_once
+def test_awx_configuration_parses_lints_clean_and_names_real_playbooks(tools, tmp_path):
+    env = clean_env(ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"),
+                    ANSIBLE_COLLECTIONS_PATH=tools["collections"] + ":" + os.path.join(ROOT, "collections"))
+    syntax = run([os.path.join(BIN, "ansible-playbook"), "--syntax-check", "awx/configure.yml"], ROOT, env)
+    assert syntax.returncode == 0, syntax.stdout + syntax.stderr
+    lint = os.path.join(BIN, "ansible-lint")
+    clean = run([lint, "awx/configure.yml"], ROOT, env, timeout=600)
+    assert clean.returncode == 0 and re.search(r"0 failure\(s\), 0 warning\(s\)", clean.stdout + clean.stderr), \
+        (clean.stdout + clean.stderr)[-3000:]
+    # awx.awx's argument specs are really checked: a wrong parameter is reported
+    text = open(os.path.join(ROOT, "awx", "configure.yml")).read()
+    probe = os.path.join(ROOT, "awx", "_probe_%d.yml" % os.getpid())
+    with open(probe, "w") as fh:
+        fh.write(text.replace("        scm_update_on_launch: true\n",
+                              "        scm_update_on_launch: true\n        bogus_probe_arg: 1\n"))
+    try:
+        bad = run([lint, probe], ROOT, env, timeout=600)
+    finally:
+        os.unlink(probe)
+    assert "bogus_probe_arg" in bad.stdout + bad.stderr
+    # what the job templates run exists; every survey variable is one the playbooks read
+    play = yaml.safe_load(text)[0]
+    tasks = {t["name"]: t for t in play["tasks"]}
+    jt = next(t for t in play["tasks"] if "awx.awx.job_template" in t)
+    assert sorted(i["name"] for i in jt["loop"]) == sorted(PLAYBOOKS)
+    for item in jt["loop"]:
+        assert os.path.exists(os.path.join(ROOT, "playbooks", item["name"] + ".yml"))
+        for q in item["questions"]:
+            used = subprocess.run(["grep", "-rqw", q["variable"], "playbooks", "roles"], cwd=ROOT)
+            assert used.returncode == 0, q["variable"]
+    assert jt["awx.awx.job_template"]["notification_templates_error"] == ["{{ _p }} failure"]
+    sched = tasks["Hourly fleet check"]["awx.awx.schedule"]
+    assert sched["unified_job_template"] == "{{ _p }} check"
+    awx_vars = yaml.safe_load(open(os.path.join(ROOT, "awx", "vars.yml")))
+    assert "FREQ=HOURLY" in awx_vars["gpufleet_awx_check_rrule"]
+    for module in awx_vars["gpufleet_awx_ad_hoc_commands"]:
+        if module.startswith("gpufleet.fleet."):
+            assert os.path.exists(os.path.join(ROOT, "plugins", "modules", module.split(".")[-1] + ".py"))

@@ -1,0 +1,90 @@
+"""The gpufleet command against the lab, and how much a restart prints under the project's stdout callback."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.dirname(sys.executable)
+# the summary table's block (banner, header, a row per host, per-host notes) is not counted
+MAX_LINES_BEFORE_TABLE = 120
+
+pytestmark = pytest.mark.lab
+
+
+def gpufleet(lab, tmp_path, *args, timeout=600):
+    """Run ``python -m gpufleet_cli`` from an unrelated directory, as a user would run .venv/bin/gpufleet."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), PATH=BIN + ":" + os.environ.get("PATH", ""))
+    env.pop("ANSIBLE_CONFIG", None)
+    return subprocess.run([sys.executable, "-m", "gpufleet_cli", *args, "-i", lab.inventory,
+                           "--artifacts-dir", str(tmp_path / "artifacts")],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def server_pid(lab, host):
+    state = lab.host_vars(host)["sglang_state_dir"]
+    out = lab.exec(host, ["cat", os.path.join(state, "sglang.pid")])
+    return int(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
+@pytest.mark.lab_only_once
+def test_cli_restarts_two_hosts_then_checks_them_and_fails_on_a_crit_host(lab, tmp_path):
+    hosts = lab.hosts[:2]
+    res = gpufleet(lab, tmp_path, "restart", "--limit", ",".join(hosts))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    # progress: a line per host and phase as it began (stderr is not a terminal here), then the table
+    for host in hosts:
+        phases = re.findall(r"^\s+%s\s+(\w+)" % re.escape(host), res.stderr, re.M)
+        assert phases[:1] == ["preflight"] and "stop" in phases and phases[-1] == "verify", res.stderr
+        assert re.search(r"%s\s.*\bok\b" % re.escape(host), res.stdout), res.stdout
+    match = re.search(r"artifacts: (\S+) .*report: (\S+)", res.stderr)
+    assert match, res.stderr
+    artifacts, report_path = match.groups()
+    assert os.path.isdir(os.path.join(artifacts, "job_events")) and os.path.exists(os.path.join(artifacts, "stdout"))
+    report = json.load(open(report_path))
+    assert report["exit_code"] == 0 and sorted(report["hosts"]) == sorted(hosts)
+    for host in hosts:
+        row = report["hosts"][host]
+        assert row["result"] == "ok" and row["nccl"] == "ok" and row["new_pid"] == server_pid(lab, host)
+
+    # check --json prints only the report; both hosts serve
+    check = gpufleet(lab, tmp_path, "check", "--json", "--limit", ",".join(hosts))
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    doc = json.loads(check.stdout)
+    assert {h: r["verdict"] for h, r in doc["hosts"].items()} == {h: "OK" for h in hosts}
+    assert doc["artifacts_dir"] and os.path.isdir(doc["artifacts_dir"])
+
+    # a host whose server does not answer (a wrong port) is CRIT, and the command exits non-zero
+    crit = gpufleet(lab, tmp_path, "check", "--json", "--limit", hosts[0], "-e", "sglang_port=1")
+    assert crit.returncode != 0
+    doc = json.loads(crit.stdout)
+    assert doc["hosts"][hosts[0]]["verdict"] == "CRIT" and doc["failed_hosts"] == [hosts[0]]
+    assert any("health_generate" in r["text"] for r in doc["hosts"][hosts[0]]["reasons"])
+    assert server_pid(lab, hosts[0]) == report["hosts"][hosts[0]]["new_pid"]  # check changed nothing
+
+
+@pytest.mark.lab_only_once
+def test_a_four_host_restart_reads_in_about_one_screen_plus_the_table(lab):
+    if len(lab.hosts) < 4:
+        pytest.skip("needs a lab of 4 hosts (GPUFLEET_TEST_LAB_HOSTS=4, the default)")
+    hosts = lab.hosts[:4]
+    env = dict(os.environ, **lab._envvars())
+    proc = subprocess.run([os.path.join(BIN, "ansible-playbook"), "-i", lab.inventory,
+                           os.path.join(ROOT, "playbooks", "restart.yml"), "--limit", ",".join(hosts)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = proc.stdout.splitlines()
+    table_at = next(i for i, line in enumerate(lines) if line.startswith("GPUFLEET SUMMARY"))
+    before = lines[:table_at]
+    assert len(before) <= MAX_LINES_BEFORE_TABLE, "\n".join(before)
+    table = lines[table_at + 1:]
+    for host in hosts:
+        assert any(re.match(r"%s\s+ok\s" % re.escape(host), line) for line in table), table
+        # what matters per host is still there: the stop, the GPU memory release, the launch
+        assert "  %s: GPU memory free after" % host in proc.stdout
+        assert re.search(r"^  %s: \d+ process\(es\) stopped" % re.escape(host), proc.stdout, re.M)
+    assert not [line for line in before if line.startswith(("ok: [", "skipping: [", "included: "))]
+    assert proc.stdout.count("GPUFLEET SUMMARY") == 1

@@ -1,0 +1,57 @@
+"""A throwaway virtualenv for packaging checks: ansible-builder and the awx.awx collection.
+
+``tools_venv()`` → dict ``python`` (path), ``bin`` (dir), ``collections`` (a path holding
+``ansible_collections/awx/awx``), or raises ``ToolsUnavailable`` (PyPI unreachable and nothing cached).
+
+awx.awx is not on PyPI by itself and Galaxy is out of reach here: it comes from the community ``ansible``
+package of a release that still bundled it, ``ansible==8.7.0`` (awx.awx 22.7.0), installed without its
+ansible-core dependency; the venv only serves as a collections path for ansible-playbook --syntax-check and
+ansible-lint of the project's venv. Wheels are cached under ``.cache/wheels`` (the ansible wheel is 48 MB),
+the venv lives in ``.cache/tools-venv`` and is rebuilt when the pins below change.
+"""
+import glob
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CACHE = os.path.join(ROOT, ".cache")
+WHEELS = os.path.join(CACHE, "wheels")
+VENV = os.path.join(CACHE, "tools-venv")
+ANSIBLE_BUILDER = "ansible-builder==3.2.0"
+ANSIBLE_WITH_AWX = "ansible==8.7.0"  # the last community package release checked to bundle awx.awx (22.7.0)
+PINS = "%s %s\n" % (ANSIBLE_BUILDER, ANSIBLE_WITH_AWX)
+
+
+class ToolsUnavailable(RuntimeError):
+    """PyPI could not be reached and the wheels are not cached."""
+
+
+def _pip(python, *args):
+    proc = subprocess.run([python, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise ToolsUnavailable("pip %s failed: %s" % (" ".join(args[:2]), (proc.stderr or proc.stdout)[-800:]))
+
+
+def tools_venv():
+    stamp = os.path.join(VENV, ".pins")
+    py = os.path.join(VENV, "bin", "python")
+    site = glob.glob(os.path.join(VENV, "lib", "python3*", "site-packages"))
+    if site and os.path.exists(stamp) and open(stamp).read() == PINS:
+        return {"python": py, "bin": os.path.join(VENV, "bin"), "collections": site[0]}
+    os.makedirs(WHEELS, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], check=True, capture_output=True)
+    # cache first (one download), then install from the cache only
+    _pip(py, "download", "-d", WHEELS, ANSIBLE_BUILDER)
+    _pip(py, "download", "--no-deps", "-d", WHEELS, ANSIBLE_WITH_AWX)
+    _pip(py, "install", "--no-index", "--find-links", WHEELS, ANSIBLE_BUILDER)
+    _pip(py, "install", "--no-index", "--find-links", WHEELS, "--no-deps", ANSIBLE_WITH_AWX)
+    with open(stamp, "w") as fh:
+        fh.write(PINS)
+    site = glob.glob(os.path.join(VENV, "lib", "python3*", "site-packages"))
+    return {"python": py, "bin": os.path.join(VENV, "bin"), "collections": site[0]}
+
+
+if __name__ == "__main__":
+    print(tools_venv())

@@ -1,0 +1,231 @@
+"""The gpufleet command (src/gpufleet_cli): arguments → ansible-runner call, events → progress and report."""
+import datetime
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "src"))
+
+from gpufleet_cli import cli, events  # noqa: E402
+
+NOW = datetime.datetime(2026, 12, 1, 7, 0, 0)
+
+
+def spec_of(argv, project=ROOT):
+    args = cli.build_parser().parse_args(argv)
+    return cli.run_spec(args, project, now=NOW)
+
+
+def ev(kind, host=None, task="t", role=None, play="Restart SGLang host by host", res=None, **extra):
+    data = dict(host=host, task=task, role=role, play=play, res=res or {}, **extra)
+    return {"event": kind, "event_data": {k: v for k, v in data.items() if v is not None or k == "res"}}
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+# -- arguments -> ansible-runner ------------------------------------------------------------------------
+
+def test_run_spec_maps_every_option_to_ansible_runner(tmp_path):
+    spec, run_dir, report_dir = spec_of(["restart", "-i", "inventory/example", "--limit", "gpu-01,gpu-02",
+                                         "--serial", "25%", "--check", "-e", "sglang_port=31000",
+                                         "--artifacts-dir", str(tmp_path), "-vv"])
+    assert spec["playbook"] == os.path.join(ROOT, "playbooks", "restart.yml")
+    assert spec["project_dir"] == ROOT and spec["envvars"]["ANSIBLE_CONFIG"] == os.path.join(ROOT, "ansible.cfg")
+    assert spec["inventory"] == [os.path.abspath("inventory/example")]
+    assert spec["limit"] == "gpu-01,gpu-02" and spec["cmdline"] == "--check" and spec["verbosity"] == 2
+    assert spec["extravars"] == {"gpufleet_serial": "25%", "sglang_port": 31000}
+    assert run_dir.startswith(str(tmp_path) + os.sep) and spec["private_data_dir"] == run_dir
+    assert os.path.basename(run_dir) == spec["ident"] and spec["ident"].startswith("20261201T070000-restart-")
+    assert report_dir == os.path.join(run_dir, "report")
+
+
+def test_run_spec_without_a_checkout_runs_the_collection_playbook(tmp_path):
+    spec, _, report_dir = spec_of(["check", "--artifacts-dir", str(tmp_path)], project=None)
+    assert spec["playbook"] == "gpufleet.fleet.check"
+    assert "project_dir" not in spec and "ANSIBLE_CONFIG" not in spec["envvars"]
+    # check writes its report files into the run's directory
+    assert spec["extravars"]["gpufleet_report_dir"] == report_dir
+    assert "limit" not in spec and "cmdline" not in spec
+
+
+def test_unlock_targets_the_limit_unless_target_is_given():
+    assert spec_of(["unlock", "--limit", "gpu-07"])[0]["extravars"]["target"] == "gpu-07"
+    assert spec_of(["unlock", "--limit", "gpu-07", "-e", "target=gpu-08"])[0]["extravars"]["target"] == "gpu-08"
+
+
+def test_a_missing_inventory_is_refused_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(cli.UsageError, match="-i /nonexistent/inv: no such inventory"):
+        spec_of(["check", "-i", "/nonexistent/inv"])
+    assert spec_of(["check", "-i", "gpu-01,gpu-02,"])[0]["inventory"] == ["gpu-01,gpu-02,"]
+    assert cli.main(["check", "-i", "/nonexistent/inv", "--artifacts-dir", str(tmp_path)]) == 2
+    assert "Nothing was run" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_extra_vars_parse_like_ansible(tmp_path):
+    f = tmp_path / "vars.yml"
+    f.write_text("sglang_verify_throughput: true\n")
+    got = cli.parse_extra(["a=1", "b=text", "c=[1, 2]", '{"d": {"e": 1}}', "@%s" % f, "p=01:02"])
+    assert got == {"a": 1, "b": "text", "c": [1, 2], "d": {"e": 1}, "sglang_verify_throughput": True,
+                   "p": "01:02"}
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        cli.parse_extra(["novalue"])
+
+
+def test_find_project_walks_up_from_a_subdirectory_and_ignores_other_trees(tmp_path):
+    assert cli.find_project(os.path.join(ROOT, "roles", "sglang_stop")) == ROOT
+    # an unrelated directory: the package's own location (an editable install) still finds the checkout
+    assert cli.find_project(str(tmp_path)) == ROOT
+
+
+def test_bad_arguments_exit_2_naming_the_option(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.build_parser().parse_args(["reboot"])
+    assert exc.value.code == 2 and "invalid choice: 'reboot'" in capsys.readouterr().err
+
+
+# -- events -> progress ---------------------------------------------------------------------------------
+
+def test_progress_follows_phases_per_host_and_keeps_guard_failures_apart():
+    clock = Clock()
+    p = events.FleetProgress(clock=clock)
+    p.handle(ev("runner_on_failed", "localhost", task="Check target and survey answers",
+                play="Check the command line before touching any host", res={"msg": "gpufleet_serial=abc: bad"}))
+    p.handle(ev("runner_on_start", "gpu-01", task="Check the stop method", role="sglang_stop"))
+    clock.t = 103.0
+    p.handle(ev("runner_on_start", "gpu-01", task="Renew the restart lock (wait)"))
+    p.handle(ev("runner_retry", "gpu-01", task="Wait for GPU memory", role="gpu_memory_wait",
+                res={"progress": "GPU 3 holds 1200 MiB"}))
+    p.handle(ev("runner_on_start", "gpu-02", task="Check every host", role="gpufleet.fleet.sglang_preflight"))
+    p.handle(ev("runner_on_unreachable", "gpu-02", task="x", role="sglang_preflight",
+                res={"msg": "ssh: connect to host 10.0.0.2 port 22: No route to host"}))
+    clock.t = 110.0
+    p.handle(ev("runner_on_failed", "gpu-01", task="Start", role="sglang_launch", res={"msg": "port 30000 busy"}))
+    p.handle(ev("runner_on_failed", "gpu-01", task="Probe", role="sglang_launch", res={"msg": "ignored"},
+                ignore_errors=True))
+    rows = {r["host"]: r for r in p.hosts()}
+    assert list(rows) == ["gpu-01", "gpu-02"]  # localhost's guard task is not a fleet host
+    assert p.run_errors == ["gpufleet_serial=abc: bad"]
+    assert p.changes == [("gpu-01", "stop"), ("gpu-01", "wait"), ("gpu-02", "preflight"), ("gpu-01", "launch")]
+    assert rows["gpu-01"]["state"] == "failed" and rows["gpu-01"]["cause"] == "port 30000 busy"
+    assert rows["gpu-01"]["elapsed_s"] == 10.0 and rows["gpu-01"]["task"] == "sglang_launch : Probe"
+    assert rows["gpu-02"]["state"] == "unreachable" and "No route to host" in rows["gpu-02"]["cause"]
+
+
+def test_rollback_is_a_phase_and_the_launch_record_keeps_the_verify_phase():
+    p = events.FleetProgress()
+    p.handle(ev("runner_on_ok", "gpu-01", task="Verify", role="sglang_verify"))
+    p.handle(ev("runner_on_ok", "gpu-01", task="Write the launch record", role="sglang_launch",
+                task_path="/x/roles/sglang_launch/tasks/record.yml:3"))
+    p.handle(ev("runner_on_start", "gpu-01", role="sglang_launch", task_path="/x/playbooks/restart.yml:81",
+                task="Validating arguments against arg spec 'record' - Write the launch record"))
+    assert p.hosts()[0]["phase"] == "verify"
+    p.handle(ev("runner_on_ok", "gpu-01", task="Put engine.py back", role="sglang_launch",
+                task_path="/x/roles/sglang_launch/tasks/rollback.yml:9"))
+    assert p.changes == [("gpu-01", "verify"), ("gpu-01", "rollback")]
+
+
+def test_retry_progress_shows_in_the_task_column():
+    p = events.FleetProgress()
+    p.handle(ev("runner_retry", "gpu-01", task="Wait for GPU memory", role="gpu_memory_wait",
+                res={"progress": "GPU 3 holds 1200 MiB"}))
+    assert p.hosts()[0]["task"] == "gpu_memory_wait : Wait for GPU memory — GPU 3 holds 1200 MiB"
+
+
+# -- report ---------------------------------------------------------------------------------------------
+
+def _stats(artifact_data=None, failures=None):
+    return ev("playbook_on_stats", None, ok={"gpu-01": 5}, failures=failures or {}, dark={}, changed={},
+              artifact_data=artifact_data or {})
+
+
+def test_restart_report_takes_the_published_rows_and_fails_on_a_rolled_back_host():
+    p = events.FleetProgress()
+    for h in ("gpu-01", "gpu-02"):
+        p.handle(ev("runner_on_ok", h, task="x", role="sglang_verify"))
+    rows = {"gpu-01": {"result": "ok", "downtime_s": 11.2, "new_pid": 42},
+            "gpu-02": {"result": "rolled_back", "phase": "verify", "cause": "NCCL_PROTO missing in TP3",
+                       "advice": "fix sglang_nccl_env, then rerun"}}
+    p.handle(_stats({"gpufleet_restart": rows}))
+    report = events.build_report("restart", p, "failed", 2, "/a")
+    assert report["hosts"]["gpu-01"]["downtime_s"] == 11.2 and report["failed_hosts"] == ["gpu-02"]
+    assert report["exit_code"] == 2 and report["artifacts_dir"] == "/a"
+    assert cli._why_lines(report) == ["gpu-02: verify — NCCL_PROTO missing in TP3 — fix sglang_nccl_env, then rerun"]
+
+
+def test_a_cancelled_run_marks_hosts_still_running_canceled_and_fails():
+    p = events.FleetProgress()
+    p.handle(ev("runner_on_start", "gpu-01", task="x", role="sglang_preflight"))
+    report = events.build_report("restart", p, "canceled", None, "/a")
+    assert report["hosts"]["gpu-01"]["result"] == "canceled" and report["failed_hosts"] == ["gpu-01"]
+    assert report["exit_code"] == 1
+
+
+def test_check_report_prefers_the_report_file_then_set_stats_then_the_run(tmp_path):
+    verdicts = {"gpu-01": {"verdict": "WARN", "reasons": [{"severity": "WARN", "gpu": 3, "code": "temp",
+                                                           "text": "86 C"}], "gpus_ok": 8, "gpus_total": 8},
+                "gpu-02": {"verdict": "CRIT", "reasons": [], "gpus_ok": 7, "gpus_total": 8}}
+    p = events.FleetProgress(default_phase="check")
+    p.handle(_stats({"gpufleet_check": {"gpu-01": {"verdict": "OK"}}}))
+    (tmp_path / "check.json").write_text(json.dumps(verdicts))
+    from_file = events.build_report("check", p, "successful", 0, "/a", str(tmp_path))
+    assert from_file["hosts"]["gpu-01"]["verdict"] == "WARN" and from_file["failed_hosts"] == ["gpu-02"]
+    assert from_file["exit_code"] == 1  # CRIT, even though ansible-playbook exited 0
+    from_stats = events.build_report("check", p, "successful", 0, "/a", str(tmp_path / "none"))
+    assert from_stats["hosts"]["gpu-01"]["verdict"] == "OK" and from_stats["exit_code"] == 0
+
+
+def test_check_report_of_todays_check_playbook_reads_the_run():
+    p = events.FleetProgress(default_phase="check")
+    p.handle(ev("runner_on_ok", "gpu-01", task="Report the host", play="Check the GPU fleet",
+                res={"msg": {"gpus": ["0:10:30", "1:10:31"], "sglang_serving": True}}))
+    p.handle(ev("runner_on_ok", "gpu-02", task="Report the host", play="Check the GPU fleet",
+                res={"msg": {"gpus": ["0:10:30"], "sglang_serving": False}}))
+    p.handle(ev("runner_on_failed", "gpu-02", task="SGLang serves on every host", play="Check the GPU fleet",
+                res={"msg": "SGLang on gpu-02 does not answer"}))
+    p.handle(_stats())
+    report = events.build_report("check", p, "failed", 2, "/a")
+    assert report["hosts"]["gpu-01"] == {"host": "gpu-01", "verdict": "OK", "gpus_ok": 2, "gpus_total": 2,
+                                         "reasons": []}
+    assert report["hosts"]["gpu-02"]["verdict"] == "CRIT"
+    assert report["hosts"]["gpu-02"]["reasons"][0]["text"] == "SGLang on gpu-02 does not answer"
+    assert report["exit_code"] == 2
+
+
+def test_a_refused_command_line_fails_the_run_even_without_hosts():
+    p = events.FleetProgress()
+    p.handle(ev("runner_on_failed", "localhost", play="Check the command line before touching any host",
+                res={"msg": "no host matches target=gpu-99"}))
+    report = events.build_report("patch", p, "failed", 0, "/a")
+    assert report["hosts"] == {} and report["exit_code"] == 1
+    assert cli._why_lines(report) == ["run refused: no host matches target=gpu-99"]
+
+
+def test_fleet_table_renders_each_command():
+    from rich.console import Console
+    p = events.FleetProgress()
+    p.handle(_stats({"gpufleet_restart": {"gpu-01": {"result": "ok", "downtime_s": 11.25,
+                                                     "release_wait_ms": 310, "nccl": "ok"}}}))
+    console = Console(file=io.StringIO(), width=120)
+    console.print(cli.fleet_table(events.build_report("restart", p, "successful", 0, "/a")))
+    text = console.file.getvalue()
+    assert "downtime_s" in text and "11.2" in text and "310" in text and "gpu-01" in text
+
+
+def test_console_entry_point_answers_help():
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    proc = subprocess.run([sys.executable, "-m", "gpufleet_cli", "restart", "--help"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert proc.returncode == 0
+    for option in ("--inventory", "--limit", "--serial", "--check", "--json"):
+        assert option in proc.stdout
