@@ -303,8 +303,9 @@ def sglang_reasons(s, config=None):
         started = now - age
         summary["server_started_epoch"] = round(started, 1)
         summary["engine_mtime_epoch"] = round(mtime, 1)
-        # 2 s of slack: ps rounds the elapsed time down to whole seconds.
-        if mtime > started + 2:
+        # 2 s of slack: ps rounds the elapsed time down to whole seconds. A missing or wrong block already says
+        # "patch, then restart".
+        if mtime > started + 2 and summary.get("nccl_block") in (None, "present", "unknown"):
             reasons.append(_reason("WARN", "restart_needed", "engine.py changed after the server started: restart "
                                    "(playbooks/restart.yml) so the workers get the current NCCL block"))
     return reasons, summary, running
