@@ -220,7 +220,7 @@ def sglang_reasons(s, config=None):
     /get_server_info, json), ``host`` (sglang_host_info: managed_pid, managed_running), ``args``
     (sglang_server_args_info), ``patch_present`` / ``patch_absent`` (sglang_nccl_patch in check mode with
     state present / absent), ``workers`` (sglang_worker_env_info), ``engine_stat`` (stat of engine.py),
-    ``elapsed`` (command ps -o etimes=), ``now_epoch``. Missing or skipped keys are not judged.
+    ``started`` (command printing the server's start as Unix time, host clock). Missing or skipped keys are not judged.
     """
     cfg = _config(config)
     reasons = []
@@ -293,19 +293,16 @@ def sglang_reasons(s, config=None):
                               for w in bad[:4])
             reasons.append(_reason("CRIT", "nccl_worker_env", "%d of %d worker(s) lack the NCCL values: %s; "
                                    "restart with playbooks/restart.yml" % (len(bad), len(listed), names[:400])))
-    stat, elapsed = s.get("engine_stat"), s.get("elapsed")
+    stat, started_result = s.get("engine_stat"), s.get("started")
     mtime = _num(((stat or {}).get("stat") or {}).get("mtime")) if _ran(stat) else None
-    age = None
-    if _ran(elapsed) and not elapsed.get("failed") and str(elapsed.get("stdout") or "").strip().isdigit():
-        age = int(str(elapsed["stdout"]).strip())
-    now = _num(s.get("now_epoch"))
-    if mtime is not None and age is not None and now is not None:
-        started = now - age
+    started = None
+    if _ran(started_result) and not started_result.get("failed") and not started_result.get("rc"):
+        started = _num(str(started_result.get("stdout") or "").strip())
+    if mtime is not None and started is not None:
         summary["server_started_epoch"] = round(started, 1)
         summary["engine_mtime_epoch"] = round(mtime, 1)
-        # 2 s of slack: ps rounds the elapsed time down to whole seconds. A missing or wrong block already says
-        # "patch, then restart".
-        if mtime > started + 2 and summary.get("nccl_block") in (None, "present", "unknown"):
+        # Both times come from the host's clock. A missing or wrong block already says "patch, then restart".
+        if mtime > started + 1 and summary.get("nccl_block") in (None, "present", "unknown"):
             reasons.append(_reason("WARN", "restart_needed", "engine.py changed after the server started: restart "
                                    "(playbooks/restart.yml) so the workers get the current NCCL block"))
     return reasons, summary, running
@@ -325,7 +322,7 @@ def gpufleet_check_verdict(gathered, config=None):
     """One host's verdict from what the fleet_check role gathered.
 
     ``gathered``: {"gpu": nvidia_gpu_info result, "health", "server_info", "host", "args", "patch_present",
-    "patch_absent", "workers", "engine_stat", "elapsed", "now_epoch"} (see :func:`sglang_reasons`).
+    "patch_absent", "workers", "engine_stat", "started"} (see :func:`sglang_reasons`).
     """
     gathered = gathered or {}
     s_reasons, summary, running = sglang_reasons(gathered, config)

@@ -46,8 +46,7 @@ def healthy():
         "workers": {"workers": [{"pid": 200 + i, "title": "sglang::scheduler_TP%d" % i, "match": True,
                                  "missing": [], "mismatched": {}} for i in range(8)], "all_match": True},
         "engine_stat": {"stat": {"mtime": 1000.0}},
-        "elapsed": {"stdout": "50", "rc": 0},
-        "now_epoch": 2000.0,
+        "started": {"stdout": "1950.000", "rc": 0},
     }
 
 
@@ -147,7 +146,7 @@ def test_memory_held_with_no_server_and_foreign_process():
     g["health"] = {"status": -1, "msg": "Connection refused"}
     g["server_info"] = {"skipped": True}
     g["workers"] = {"skipped": True}
-    g["elapsed"] = {"skipped": True}
+    g["started"] = {"skipped": True}
     r = verdict(g)
     got = codes(r)
     assert ("CRIT", "sglang_not_serving", None) in got
@@ -166,7 +165,12 @@ def test_nccl_block_missing_differs_and_uncheckable():
     assert codes(r) == {("CRIT", "nccl_block_missing", None)} and "playbooks/patch.yml" in r["reasons"][0]["text"]
     g["patch_absent"]["changed"] = True
     assert codes(verdict(g)) == {("CRIT", "nccl_block_values", None)}
+    # A block removed after the server started: the fix named is "patch, then restart", no second reason.
+    g["engine_stat"]["stat"]["mtime"] = 1990.0
+    g["patch_absent"]["changed"] = False
+    assert codes(verdict(g)) == {("CRIT", "nccl_block_missing", None)}
     g["patch_present"] = {"failed": True, "msg": "def _set_envs_and_config() not found"}
+    g["engine_stat"]["stat"]["mtime"] = 1000.0
     assert codes(verdict(g)) == {("WARN", "nccl_check_failed", None)}
 
 
@@ -176,7 +180,7 @@ def test_worker_without_nccl_values_and_restart_needed():
     r = verdict(g)
     assert codes(r) == {("CRIT", "nccl_worker_env", None)} and "NCCL_PROTO" in r["reasons"][0]["text"]
     g = healthy()
-    g["engine_stat"]["stat"]["mtime"] = 1990.0  # changed 40 s after the server started (2000 - 50)
+    g["engine_stat"]["stat"]["mtime"] = 1990.0  # changed 40 s after the server started 
     assert codes(verdict(g)) == {("WARN", "restart_needed", None)}
 
 
