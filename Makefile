@@ -16,9 +16,10 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 setup: system-packages venv
 
-# The lab needs a real sshd and iproute2; nothing else comes from the OS.
+# The lab needs a real sshd and iproute2; the check.yml HTML report test renders in headless chromium.
 system-packages:
 	@need=""; command -v /usr/sbin/sshd >/dev/null || need="$$need openssh-server"; \
+	 command -v chromium >/dev/null || need="$$need chromium"; \
 	 command -v ip >/dev/null || need="$$need iproute2"; \
 	 command -v unshare >/dev/null || need="$$need util-linux"; \
 	 command -v ssh >/dev/null || need="$$need openssh-client"; \

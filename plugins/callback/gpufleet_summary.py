@@ -17,6 +17,8 @@ description:
     (s, stop start → a server answered again; C(down:N) = still down, N s so far; 0.0 = no server ran before),
     release_wait_ms (ms), tokens_per_s, nccl (ok|fail), old_pid, new_pid. Below the table, each host that is not
     ok gets its phase, cause, rollback and what to do next."
+  - "Check: for playbooks/check.yml (it publishes C(gpufleet_check) with C(set_stats)) prints the fleet table
+    instead: host, verdict (OK|WARN|CRIT), GPUs ok/total, the first reasons (severity, code, GPU), and a count line."
   - "Progress: for a task retried with C(until)/C(retries) whose result carries a C(progress) string (the readiness
     wait, the GPU memory wait), prints C(  <host>: <progress>) at each retry."
   - "It writes only while a human-readable stdout callback is active (default, minimal, oneline, debug, dense, yaml,
@@ -65,14 +67,24 @@ UNREACHABLE_ADVICE = {
 GUARD_PLAY_PREFIX = "Check the command line"
 
 
-def _load_table():
-    """gpufleet_summary_table from plugins/filter/gpufleet.py (one implementation for filter and callback)."""
+def _load_filter(name, attr):
+    """``attr`` of plugins/filter/<name>.py (one implementation for filter and callback)."""
     here = os.path.dirname(os.path.realpath(__file__))
-    path = os.path.join(here, "..", "filter", "gpufleet.py")
-    spec = importlib.util.spec_from_file_location("gpufleet_filter_for_summary", path)
+    path = os.path.join(here, "..", "filter", name + ".py")
+    spec = importlib.util.spec_from_file_location("gpufleet_filter_for_summary_" + name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.gpufleet_summary_table
+    return getattr(mod, attr)
+
+
+def _load_table():
+    """gpufleet_summary_table from plugins/filter/gpufleet.py."""
+    return _load_filter("gpufleet", "gpufleet_summary_table")
+
+
+def _load_check_table():
+    """gpufleet_check_table from plugins/filter/gpufleet_check.py (the check.yml fleet table)."""
+    return _load_filter("gpufleet_check", "gpufleet_check_table")
 
 
 def _first_copy(callback, kind, event):
@@ -235,6 +247,7 @@ class CallbackModule(CallbackBase):
         self._guard_failures = []
         self._seen_restart = False
         self._human = None
+        self._check = None
 
     def _prints(self):
         if self._human is None:
@@ -255,6 +268,9 @@ class CallbackModule(CallbackBase):
         if row:
             self._fact_rows[result._host.get_name()] = _plain(dict(row))
         stats = res.get("ansible_stats") or {}
+        check = (stats.get("data") or {}).get("gpufleet_check")
+        if isinstance(check, dict):
+            self._check = _plain(dict(check))
         data = (stats.get("data") or {}).get("gpufleet_restart")
         if isinstance(data, dict):
             for host, published in _plain(dict(data)).items():
@@ -281,6 +297,11 @@ class CallbackModule(CallbackBase):
             self._display.display("  %s: %s" % (result._host.get_name(), _first_line(progress, 400)))
 
     def v2_playbook_on_stats(self, stats):
+        if self._check is not None:
+            if self._prints():
+                self._display.banner("GPUFLEET CHECK")
+                self._display.display(_load_check_table()(self._check))
+            return
         if self._targets is None and not self._rows and not self._fact_rows and not self._seen_restart:
             return  # not restart.yml
         if not self._prints() or not _first_copy(self, "stats", stats):

@@ -201,3 +201,27 @@ def test_unreachable_phase_comes_from_the_role_of_the_task(monkeypatch):
     plugin.v2_playbook_on_stats(None)
     text = "\n".join(plugin._display.lines)
     assert "h1: unreachable in launch: ssh: Connection reset" in text and "may have come up" in text
+
+
+def test_callback_prints_the_check_table_for_check_yml(monkeypatch):
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the GPU fleet"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_stats": {"data": {"gpufleet_check": {
+        "h1": {"verdict": "OK", "reasons": [], "gpus_ok": 8, "gpus_total": 8},
+        "h2": {"verdict": "CRIT", "reasons": [{"severity": "CRIT", "gpu": 1, "code": "ecc_uncorrected", "text": "4"}],
+               "gpus_ok": 7, "gpus_total": 8}}}}}))
+    plugin.v2_playbook_on_stats(None)
+    assert plugin._display.lines[0] == "BANNER GPUFLEET CHECK"
+    rows = plugin._display.lines[1].splitlines()
+    assert rows[1].split() == ["h1", "OK", "8/8", "-"]
+    assert rows[2].split() == ["h2", "CRIT", "7/8", "CRIT", "ecc_uncorrected", "gpu1"]
+    assert rows[-1] == "2 host(s): 1 OK, 0 WARN, 1 CRIT"
+    assert "GPUFLEET SUMMARY" not in "\n".join(plugin._display.lines)
+
+
+def test_check_table_stays_silent_under_a_json_stdout_callback(monkeypatch):
+    plugin = make(monkeypatch, "ansible.posix.json")
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_stats": {"data": {"gpufleet_check": {
+        "h1": {"verdict": "OK", "reasons": [], "gpus_ok": 8, "gpus_total": 8}}}}}))
+    plugin.v2_playbook_on_stats(None)
+    assert plugin._display.lines == []

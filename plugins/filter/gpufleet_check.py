@@ -1,0 +1,501 @@
+"""gpufleet check filters: the per-host health verdict of playbooks/check.yml, the fleet view, the table, metrics.
+
+Plain functions (no Ansible needed); the fleet_check role feeds them registered module results.
+
+Verdict shape (one host)::
+
+    {"verdict": "OK|WARN|CRIT", "reasons": [{"severity": "WARN|CRIT", "gpu": int|None, "code": str,
+     "text": str}], "gpus_ok": int, "gpus_total": int, "gpus": [per-GPU summary], "sglang": {...}}
+
+Reason codes (severity in brackets; thresholds and the Xid map come from ``config``, the fleet_check role's
+variables): unreachable [CRIT], gpu_query_failed / <error_class> (no_devices, driver_mismatch, gpu_lost,
+timeout, ...) [CRIT], fewer_gpus [CRIT], ecc_uncorrected [CRIT], ecc_uncorrected_aggregate [WARN],
+remap_pending [CRIT], remap_failure [CRIT], retired_pages_pending [CRIT], xid_<N> [map; unknown Xid WARN],
+xid_unknown [WARN], throttle [WARN], gpu_temperature / memory_temperature [WARN/CRIT], pcie_degraded [WARN],
+nvlink_down [CRIT], nvlink_errors [WARN], persistence_off [WARN], mig_mode [CRIT], mig_pending [WARN],
+memory_held_no_server [WARN], foreign_gpu_process [WARN], sglang_not_serving [CRIT], sglang_release [WARN],
+server_args_drift [WARN], nccl_block_missing [CRIT], nccl_block_values [CRIT], nccl_check_failed [WARN],
+nccl_worker_env [CRIT], restart_needed [WARN].
+"""
+from __future__ import annotations
+
+import datetime
+import math
+
+SEVERITY_RANK = {"OK": 0, "WARN": 1, "CRIT": 2}
+
+# Defaults of the fleet_check role (roles/fleet_check/defaults/main.yml), for callers without the role.
+DEFAULT_CONFIG = {
+    "expected_gpus": None,
+    "ecc_uncorrected_volatile_max": 0,
+    "ecc_uncorrected_aggregate_max": -1,
+    "xid_severity": {"13": "WARN", "31": "WARN", "43": "WARN", "45": "WARN", "48": "CRIT", "61": "WARN",
+                     "62": "CRIT", "63": "WARN", "64": "CRIT", "68": "WARN", "69": "CRIT", "74": "CRIT",
+                     "79": "CRIT", "92": "WARN", "94": "WARN", "95": "CRIT", "109": "WARN", "119": "CRIT",
+                     "120": "CRIT", "140": "CRIT", "154": "CRIT"},
+    "xid_unknown_severity": "WARN",
+    "throttle_reasons": ["hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown", "hw_power_brake_slowdown"],
+    "gpu_temp_warn_c": 85,
+    "gpu_temp_crit_c": 90,
+    "memory_temp_warn_c": 90,
+    "memory_temp_crit_c": 95,
+    "nvlink_errors_warn": 100,
+    "expected_mig_mode": "disabled",
+    "require_persistence": True,
+    "idle_max_used_mib": 1024,
+    "server_process_names": ["sglang"],
+    "sglang_version": "",
+}
+
+
+def _sev(value, default="WARN"):
+    text = str(value or default).upper()
+    return text if text in ("WARN", "CRIT") else default
+
+
+def _num(value):
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(out) else out
+
+
+def _reason(severity, code, text, gpu=None):
+    return {"severity": severity, "gpu": gpu, "code": code, "text": text}
+
+
+def _ran(result):
+    """A registered result that ran (not skipped by a tag or a condition, not absent)."""
+    return isinstance(result, dict) and bool(result) and not result.get("skipped")
+
+
+def _config(config):
+    merged = dict(DEFAULT_CONFIG)
+    merged.update({k: v for k, v in (config or {}).items() if v is not None})
+    return merged
+
+
+def gpu_reasons(gpu_result, config=None, server_running=None, server_pids=None):
+    """Reasons from an ``nvidia_gpu_info`` result (with ``processes`` and ``nvlink``).
+
+    ``server_running``: bool or None (unknown: the sglang checks did not run), ``server_pids``: pids of the
+    server and its workers (a GPU process outside them is foreign). Returns (reasons, gpus_total).
+    """
+    cfg = _config(config)
+    reasons = []
+    if not _ran(gpu_result):
+        return reasons, None
+    expected = cfg.get("expected_gpus")
+    expected = int(expected) if expected not in (None, "") else None
+    if "gpus" not in gpu_result:
+        cls = gpu_result.get("error_class") or "gpu_query_failed"
+        first = (str(gpu_result.get("msg") or "nvidia_gpu_info failed").strip().splitlines() or [""])[0]
+        reasons.append(_reason("CRIT", cls, "GPUs not readable: %s" % first[:300]))
+        return reasons, expected or 0
+    gpus = gpu_result.get("gpus") or []
+    count = int(gpu_result.get("gpu_count") or len(gpus))
+    if expected is not None and count < expected:
+        reasons.append(_reason("CRIT", "fewer_gpus", "%d GPU(s) visible, %d expected (gpufleet_expected_gpus); "
+                               "a GPU fell off the bus or the driver lost it: check the kernel log for Xid 79"
+                               % (count, expected)))
+    unc_vol = int(cfg["ecc_uncorrected_volatile_max"])
+    unc_agg = int(cfg["ecc_uncorrected_aggregate_max"])
+    throttle = set(cfg["throttle_reasons"] or [])
+    mig_want = str(cfg["expected_mig_mode"] or "disabled").lower()
+    for gpu in gpus:
+        i = gpu.get("index")
+        vol = _num(gpu.get("ecc_errors_uncorrected_volatile_total"))
+        if vol is not None and vol > unc_vol:
+            reasons.append(_reason("CRIT", "ecc_uncorrected", "%d uncorrected ECC error(s) since the driver loaded"
+                                   % vol, i))
+        agg = _num(gpu.get("ecc_errors_uncorrected_aggregate_total"))
+        if unc_agg >= 0 and agg is not None and agg > unc_agg:
+            reasons.append(_reason("WARN", "ecc_uncorrected_aggregate",
+                                   "%d uncorrected ECC error(s) over the GPU's life" % agg, i))
+        if gpu.get("remapped_rows_pending"):
+            reasons.append(_reason("CRIT", "remap_pending", "row remap pending: reset the GPU (or reboot)", i))
+        if gpu.get("remapped_rows_failure"):
+            reasons.append(_reason("CRIT", "remap_failure", "row remapping failed: the GPU needs service", i))
+        if gpu.get("retired_pages_pending"):
+            reasons.append(_reason("CRIT", "retired_pages_pending", "page retirement pending: reboot", i))
+        active = [r for r in (gpu.get("clocks_event_reasons") or []) if r in throttle]
+        if active:
+            reasons.append(_reason("WARN", "throttle", "clocks slowed: %s" % ", ".join(active), i))
+        for field, code, warn, crit, label in (
+                ("temperature_gpu_c", "gpu_temperature", cfg["gpu_temp_warn_c"], cfg["gpu_temp_crit_c"], "GPU"),
+                ("temperature_memory_c", "memory_temperature", cfg["memory_temp_warn_c"],
+                 cfg["memory_temp_crit_c"], "memory")):
+            temp = _num(gpu.get(field))
+            if temp is None:
+                continue
+            if temp >= float(crit):
+                reasons.append(_reason("CRIT", code, "%s temperature %d C >= %s C" % (label, temp, crit), i))
+            elif temp >= float(warn):
+                reasons.append(_reason("WARN", code, "%s temperature %d C >= %s C" % (label, temp, warn), i))
+        width, width_max = _num(gpu.get("pcie_link_width_current")), _num(gpu.get("pcie_link_width_max"))
+        gen, gen_max = _num(gpu.get("pcie_link_gen_current")), _num(gpu.get("pcie_link_gen_max"))
+        idle = "gpu_idle" in (gpu.get("clocks_event_reasons") or [])
+        # An idle GPU trains its link down to save power (gen drops); lanes never drop on a healthy link.
+        if width is not None and width_max is not None and width < width_max:
+            reasons.append(_reason("WARN", "pcie_degraded", "PCIe x%d of x%d" % (width, width_max), i))
+        elif gen is not None and gen_max is not None and gen < gen_max and not idle:
+            reasons.append(_reason("WARN", "pcie_degraded", "PCIe gen %d of %d while busy" % (gen, gen_max), i))
+        links = gpu.get("nvlinks") or []
+        down = [str(link.get("link")) for link in links if str(link.get("state") or "").lower() != "active"]
+        if down:
+            reasons.append(_reason("CRIT", "nvlink_down", "NVLink link(s) %s down" % ", ".join(down), i))
+        errs = sum(int(_num(link.get(k)) or 0) for link in links
+                   for k in ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors"))
+        if errs > int(cfg["nvlink_errors_warn"]):
+            reasons.append(_reason("WARN", "nvlink_errors", "%d NVLink error counts (> %s)"
+                                   % (errs, cfg["nvlink_errors_warn"]), i))
+        if cfg["require_persistence"] and str(gpu.get("persistence_mode") or "").lower() == "disabled":
+            reasons.append(_reason("WARN", "persistence_off", "persistence mode off (nvidia-smi -pm 1, or run "
+                                   "nvidia-persistenced)", i))
+        mig_cur = str(gpu.get("mig_mode_current") or "").lower()
+        mig_pend = str(gpu.get("mig_mode_pending") or "").lower()
+        if mig_cur and mig_cur not in ("n/a", "none") and mig_cur != mig_want:
+            reasons.append(_reason("CRIT", "mig_mode", "MIG mode %s, expected %s (gpufleet_expected_mig_mode)"
+                                   % (mig_cur, mig_want), i))
+        elif mig_pend and mig_pend not in ("n/a", "none") and mig_cur and mig_pend != mig_cur:
+            reasons.append(_reason("WARN", "mig_pending", "MIG mode becomes %s at the next GPU reset" % mig_pend, i))
+    # Xid events of the window, by the severity map; unreadable is unknown, never "none".
+    status = gpu_result.get("xid_status")
+    if status == "unknown":
+        reasons.append(_reason("WARN", "xid_unknown", "Xid events unknown: %s"
+                               % (gpu_result.get("xid_reason") or "kernel log not readable")))
+    for event in gpu_result.get("xid_events") or []:
+        xid = event.get("xid")
+        sev = _sev((cfg["xid_severity"] or {}).get(str(xid)) or (cfg["xid_severity"] or {}).get(xid),
+                   _sev(cfg["xid_unknown_severity"]))
+        reasons.append(_reason(sev, "xid_%s" % xid, (event.get("text") or "Xid %s" % xid)[:300],
+                               event.get("gpu_index")))
+    # Memory and processes, against the server the sglang checks found.
+    idle_max = int(cfg["idle_max_used_mib"])
+    if server_running is False:
+        held = [g for g in gpus if (_num(g.get("memory_used_mib")) or 0) > idle_max]
+        for g in held:
+            reasons.append(_reason("WARN", "memory_held_no_server", "%d MiB used while no server runs (a leftover "
+                                   "process or a leak blocks the next start)" % g["memory_used_mib"], g.get("index")))
+    if server_pids is not None:
+        mine = {int(p) for p in server_pids if p is not None}
+        for g in gpus:
+            for proc in g.get("processes") or []:
+                if proc.get("kind") == "monitor" or proc.get("pid") in mine:
+                    continue
+                if proc.get("used_memory_mib") is None and "proc_fd" in (proc.get("source") or []) \
+                        and len(proc.get("source") or []) == 1:
+                    continue  # only an open device file, no memory: a query tool
+                reasons.append(_reason("WARN", "foreign_gpu_process", "pid %s (%s) uses the GPU and is not the "
+                                       "server" % (proc.get("pid"), proc.get("name") or "?"), g.get("index")))
+    return reasons, count
+
+
+def _server_args_drift(args_info, server_info):
+    """Names of ServerArgs fields whose running value differs from the inventory's (both by dest name)."""
+    out = []
+    want = (args_info or {}).get("dest_values") or {}
+    for dest, value in sorted(want.items()):
+        if dest not in server_info:
+            continue
+        have = server_info[dest]
+        if isinstance(value, bool) or isinstance(have, bool):
+            same = bool(value) == bool(have)
+        elif _num(value) is not None and _num(have) is not None:
+            same = _num(value) == _num(have)
+        else:
+            same = str(value) == str(have)
+        if not same:
+            out.append("%s=%r (inventory %r)" % (dest, have, value))
+    return out
+
+
+def sglang_reasons(s, config=None):
+    """Reasons and the ``sglang`` summary from the sglang/nccl gatherings.
+
+    ``s``: dict with registered results ``health`` (uri /health_generate), ``server_info`` (uri
+    /get_server_info, json), ``host`` (sglang_host_info: managed_pid, managed_running), ``args``
+    (sglang_server_args_info), ``patch_present`` / ``patch_absent`` (sglang_nccl_patch in check mode with
+    state present / absent), ``workers`` (sglang_worker_env_info), ``engine_stat`` (stat of engine.py),
+    ``started`` (command printing the server's start as Unix time, host clock). Missing or skipped keys are not judged.
+    """
+    cfg = _config(config)
+    reasons = []
+    summary = {}
+    health, host = s.get("health"), s.get("host")
+    running = None
+    if _ran(host) and "managed_running" in host:
+        running = bool(host.get("managed_running"))
+        summary["server_pid"] = host.get("managed_pid")
+        summary["server_running"] = running
+    if _ran(health):
+        status = int(health.get("status") or 0) if str(health.get("status") or "0").lstrip("-").isdigit() else 0
+        summary["serving"] = status == 200
+        summary["health_status"] = status
+        if status != 200:
+            reasons.append(_reason("CRIT", "sglang_not_serving", "no generation from %s (%s %s): restart with "
+                                   "playbooks/restart.yml" % (health.get("url") or "/health_generate", status,
+                                                              str(health.get("msg") or "")[:120]
+                                                              if status != 503 else "warming up or draining")))
+    info = s.get("server_info")
+    info_json = info.get("json") if _ran(info) and isinstance(info.get("json"), dict) else None
+    installed = None
+    for src in (s.get("patch_present"), s.get("args")):
+        if _ran(src) and src.get("sglang_version"):
+            installed = src["sglang_version"]
+            break
+    summary["version_installed"] = installed
+    if info_json is not None:
+        running_version = info_json.get("version")
+        summary["version_running"] = running_version
+        if running_version and installed and str(running_version) != str(installed):
+            reasons.append(_reason("WARN", "sglang_release", "server runs sglang %s, %s is installed: restart to run "
+                                   "the installed release" % (running_version, installed)))
+        drift = _server_args_drift(s.get("args"), info_json) if _ran(s.get("args")) else []
+        summary["args_drift"] = drift
+        if drift:
+            reasons.append(_reason("WARN", "server_args_drift", "running server args differ from "
+                                   "sglang_launch_args: %s; restart to apply" % "; ".join(drift)[:400]))
+    want_version = str(cfg.get("sglang_version") or "")
+    if want_version and installed and str(installed) != want_version:
+        reasons.append(_reason("WARN", "sglang_release", "sglang %s installed, %s expected "
+                               "(fleet_check_sglang_version)" % (installed, want_version)))
+    # NCCL block in the installed engine.py.
+    present, absent = s.get("patch_present"), s.get("patch_absent")
+    if _ran(present):
+        if present.get("failed") or "changed" not in present or present.get("msg"):
+            summary["nccl_block"] = "unknown"
+            reasons.append(_reason("WARN", "nccl_check_failed", "NCCL block not checkable: %s"
+                                   % str(present.get("msg") or "?").splitlines()[0][:300]))
+        elif not present.get("changed"):
+            summary["nccl_block"] = "present"
+        elif _ran(absent) and not absent.get("failed") and not absent.get("changed"):
+            summary["nccl_block"] = "missing"
+            reasons.append(_reason("CRIT", "nccl_block_missing", "the NCCL block is missing from %s (a reinstall "
+                                   "of sglang removes it): run playbooks/patch.yml, then playbooks/restart.yml"
+                                   % present.get("path")))
+        else:
+            summary["nccl_block"] = "differs"
+            reasons.append(_reason("CRIT", "nccl_block_values", "the NCCL block in %s does not hold sglang_nccl_env's "
+                                   "values: run playbooks/patch.yml, then playbooks/restart.yml" % present.get("path")))
+    workers = s.get("workers")
+    if _ran(workers) and "workers" in workers:
+        listed = workers.get("workers") or []
+        bad = [w for w in listed if not w.get("match")]
+        summary["workers"] = len(listed)
+        summary["workers_nccl_ok"] = len(listed) - len(bad)
+        if bad:
+            names = ", ".join("%s (missing %s)" % (w.get("title"), ",".join(w.get("missing") or []) or
+                                                   ",".join(sorted(w.get("mismatched") or {})) or w.get("error", "?"))
+                              for w in bad[:4])
+            reasons.append(_reason("CRIT", "nccl_worker_env", "%d of %d worker(s) lack the NCCL values: %s; "
+                                   "restart with playbooks/restart.yml" % (len(bad), len(listed), names[:400])))
+    stat, started_result = s.get("engine_stat"), s.get("started")
+    mtime = _num(((stat or {}).get("stat") or {}).get("mtime")) if _ran(stat) else None
+    started = None
+    if _ran(started_result) and not started_result.get("failed") and not started_result.get("rc"):
+        started = _num(str(started_result.get("stdout") or "").strip())
+    if mtime is not None and started is not None:
+        summary["server_started_epoch"] = round(started, 1)
+        summary["engine_mtime_epoch"] = round(mtime, 1)
+        # Both times come from the host's clock. A missing or wrong block already says "patch, then restart".
+        if mtime > started + 1 and summary.get("nccl_block") in (None, "present", "unknown"):
+            reasons.append(_reason("WARN", "restart_needed", "engine.py changed after the server started: restart "
+                                   "(playbooks/restart.yml) so the workers get the current NCCL block"))
+    return reasons, summary, running
+
+
+def _gpu_summary(gpu, reasons):
+    keys = ("index", "uuid", "name", "pci_bus_id", "memory_used_mib", "memory_total_mib", "utilization_gpu_pct",
+            "temperature_gpu_c", "temperature_memory_c", "power_draw_w", "persistence_mode", "mig_mode_current",
+            "ecc_errors_uncorrected_volatile_total", "remapped_rows_pending", "clocks_event_reasons")
+    out = {k: gpu.get(k) for k in keys}
+    mine = [r for r in reasons if r["gpu"] == gpu.get("index")]
+    out["verdict"] = max([r["severity"] for r in mine] or ["OK"], key=SEVERITY_RANK.get)
+    return out
+
+
+def gpufleet_check_verdict(gathered, config=None):
+    """One host's verdict from what the fleet_check role gathered.
+
+    ``gathered``: {"gpu": nvidia_gpu_info result, "health", "server_info", "host", "args", "patch_present",
+    "patch_absent", "workers", "engine_stat", "started"} (see :func:`sglang_reasons`).
+    """
+    gathered = gathered or {}
+    s_reasons, summary, running = sglang_reasons(gathered, config)
+    workers = gathered.get("workers")
+    pids = None
+    if _ran(workers) and _ran(gathered.get("host")) and running:
+        pids = [gathered["host"].get("managed_pid")] + [w.get("pid") for w in workers.get("workers") or []]
+    g_reasons, total = gpu_reasons(gathered.get("gpu"), config, server_running=running, server_pids=pids)
+    reasons = g_reasons + s_reasons
+    reasons.sort(key=lambda r: (-SEVERITY_RANK[r["severity"]], r["gpu"] if r["gpu"] is not None else -1, r["code"]))
+    gpu_result = gathered.get("gpu")
+    gpus = [_gpu_summary(g, reasons) for g in (gpu_result or {}).get("gpus") or []] if _ran(gpu_result) else []
+    host_wide_gpu_crit = any(r["gpu"] is None and r["severity"] == "CRIT" and r["code"] in
+                             ("fewer_gpus",) for r in g_reasons)
+    ok = sum(1 for g in gpus if g["verdict"] == "OK")
+    if total is None:
+        total = len(gpus)
+    if host_wide_gpu_crit:
+        ok = min(ok, len(gpus))
+    return {
+        "verdict": max([r["severity"] for r in reasons] or ["OK"], key=SEVERITY_RANK.get),
+        "reasons": reasons,
+        "gpus_ok": ok,
+        "gpus_total": max(total, len(gpus)),
+        "gpus": gpus,
+        "sglang": summary,
+        "driver_version": (gpu_result or {}).get("driver_version") if _ran(gpu_result) else None,
+    }
+
+
+def gpufleet_check_unreachable(message, expected_gpus=None):
+    """The verdict of a host that could not be reached (CRIT ``unreachable``)."""
+    first = (str(message or "").strip().splitlines() or [""])[0][:300]
+    total = int(expected_gpus) if expected_gpus not in (None, "") else 0
+    return {"verdict": "CRIT", "reasons": [_reason("CRIT", "unreachable", "host not reachable over ssh%s"
+                                                   % (": " + first if first else ""))],
+            "gpus_ok": 0, "gpus_total": total, "gpus": [], "sglang": {}, "driver_version": None}
+
+
+def gpufleet_check_fleet(hostvars, targets, fact="fleet_check_result"):
+    """host → verdict for every targeted host, in target order; a host without a verdict is CRIT (its check
+    never finished: unreachable, or a task failed; the run's output names which)."""
+    out = {}
+    for host in targets or []:
+        hv = hostvars.get(host) if hasattr(hostvars, "get") else None
+        result = hv.get(fact) if hv is not None and hasattr(hv, "get") else None
+        if isinstance(result, dict) and result.get("verdict"):
+            out[str(host)] = result
+        else:
+            out[str(host)] = {"verdict": "CRIT", "reasons": [_reason(
+                "CRIT", "unreachable", "no check result: the host could not be reached or its check stopped "
+                "(see the run's output)")], "gpus_ok": 0, "gpus_total": 0, "gpus": [], "sglang": {},
+                "driver_version": None}
+    return out
+
+
+def gpufleet_check_stats(fleet):
+    """The set_stats ``gpufleet_check`` value: host → {verdict, reasons, gpus_ok, gpus_total}."""
+    return {h: {"verdict": r["verdict"], "reasons": r["reasons"], "gpus_ok": r["gpus_ok"],
+                "gpus_total": r["gpus_total"]} for h, r in (fleet or {}).items()}
+
+
+def gpufleet_check_report(fleet, generated_at=None):
+    """The check.json document: {"generated_at": ISO 8601 UTC, "hosts": {host: verdict}}."""
+    when = generated_at or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"generated_at": when, "hosts": dict(fleet or {})}
+
+
+def gpufleet_check_failing(fleet, fail_on="crit"):
+    """Hosts whose verdict fails the run under ``fail_on`` (crit: CRIT; warn: WARN or CRIT; never: none)."""
+    mode = str(fail_on or "crit").lower()
+    if mode == "never":
+        return []
+    floor = SEVERITY_RANK["WARN"] if mode == "warn" else SEVERITY_RANK["CRIT"]
+    return [h for h, r in (fleet or {}).items() if SEVERITY_RANK.get(r.get("verdict"), 2) >= floor]
+
+
+def short_reasons(reasons, limit=3, width=90):
+    """``CRIT ecc_uncorrected gpu1, WARN throttle gpu1 (+2)`` for the table."""
+    parts = []
+    for r in (reasons or [])[:limit]:
+        parts.append("%s %s%s" % (r.get("severity"), r.get("code"), "" if r.get("gpu") is None else " gpu%s" % r["gpu"]))
+    text = ", ".join(parts)
+    if len(reasons or []) > limit:
+        text += " (+%d)" % (len(reasons) - limit)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def gpufleet_check_table(fleet):
+    """Fixed-width table: host, verdict, gpus (ok/total), reasons (short); a count line at the end."""
+    lines = [("host", "verdict", "gpus", "reasons")]
+    counts = {"OK": 0, "WARN": 0, "CRIT": 0}
+    for host, r in (fleet or {}).items():
+        verdict = r.get("verdict") or "CRIT"
+        counts[verdict] = counts.get(verdict, 0) + 1
+        lines.append((str(host), verdict, "%s/%s" % (r.get("gpus_ok", 0), r.get("gpus_total", 0)),
+                      short_reasons(r.get("reasons")) or "-"))
+    widths = [max(len(line[i]) for line in lines) for i in range(4)]
+    body = "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(line)).rstrip() for line in lines)
+    return body + "\n%d host(s): %d OK, %d WARN, %d CRIT" % (len(fleet or {}), counts["OK"], counts["WARN"],
+                                                             counts["CRIT"])
+
+
+def _label(value):
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def gpufleet_check_prom(result, host, now_epoch=None):
+    """node_exporter textfile (Prometheus text format 0.0.4) for one host's verdict.
+
+    Metrics: gpufleet_check_verdict{verdict} (1 for the host's verdict, 0 for the others),
+    gpufleet_check_severity (0 OK, 1 WARN, 2 CRIT), gpufleet_check_reasons{code,gpu,severity} (1 per reason),
+    gpufleet_gpus_ok, gpufleet_gpus, gpufleet_gpu_healthy{gpu,uuid}, gpufleet_gpu_temperature_celsius{gpu,uuid},
+    gpufleet_gpu_memory_used_bytes{gpu,uuid}, gpufleet_sglang_serving, gpufleet_nccl_block_present,
+    gpufleet_check_timestamp_seconds.
+    """
+    r = result or {}
+    out = []
+
+    def metric(name, help_text, mtype, samples):
+        out.append("# HELP %s %s" % (name, help_text))
+        out.append("# TYPE %s %s" % (name, mtype))
+        for labels, value in samples:
+            lab = ",".join('%s="%s"' % (k, _label(v)) for k, v in labels)
+            out.append("%s%s %s" % (name, "{%s}" % lab if lab else "", repr(float(value))
+                                    if not float(value).is_integer() else int(value)))
+
+    verdict = r.get("verdict") or "CRIT"
+    host_l = [("host", host)]
+    metric("gpufleet_check_verdict", "gpufleet check verdict of this host (1 for the current verdict).", "gauge",
+           [(host_l + [("verdict", v)], 1 if v == verdict else 0) for v in ("OK", "WARN", "CRIT")])
+    metric("gpufleet_check_severity", "gpufleet check verdict as a number: 0 OK, 1 WARN, 2 CRIT.", "gauge",
+           [(host_l, SEVERITY_RANK.get(verdict, 2))])
+    metric("gpufleet_check_reasons", "One sample per reason found by the gpufleet check.", "gauge",
+           [(host_l + [("code", x["code"]), ("gpu", "" if x["gpu"] is None else x["gpu"]),
+                       ("severity", x["severity"])], 1) for x in r.get("reasons") or []])
+    metric("gpufleet_gpus_ok", "GPUs without any finding.", "gauge", [(host_l, r.get("gpus_ok") or 0)])
+    metric("gpufleet_gpus", "GPUs present (or expected when none could be read).", "gauge",
+           [(host_l, r.get("gpus_total") or 0)])
+    gpus = r.get("gpus") or []
+    metric("gpufleet_gpu_healthy", "1 when the GPU has no finding.", "gauge",
+           [(host_l + [("gpu", g["index"]), ("uuid", g.get("uuid") or "")], 1 if g.get("verdict") == "OK" else 0)
+            for g in gpus])
+    metric("gpufleet_gpu_temperature_celsius", "GPU core temperature.", "gauge",
+           [(host_l + [("gpu", g["index"]), ("uuid", g.get("uuid") or "")], g["temperature_gpu_c"])
+            for g in gpus if _num(g.get("temperature_gpu_c")) is not None])
+    metric("gpufleet_gpu_memory_used_bytes", "GPU memory in use (without the driver's reservation).", "gauge",
+           [(host_l + [("gpu", g["index"]), ("uuid", g.get("uuid") or "")], int(g["memory_used_mib"]) * 1048576)
+            for g in gpus if _num(g.get("memory_used_mib")) is not None])
+    sg = r.get("sglang") or {}
+    if "serving" in sg:
+        metric("gpufleet_sglang_serving", "1 when SGLang answered a generation (/health_generate 200).", "gauge",
+               [(host_l, 1 if sg.get("serving") else 0)])
+    if sg.get("nccl_block") in ("present", "missing", "differs"):
+        metric("gpufleet_nccl_block_present", "1 when the installed engine.py holds the NCCL block with the "
+               "inventory's values.", "gauge", [(host_l, 1 if sg["nccl_block"] == "present" else 0)])
+    if now_epoch is not None:
+        metric("gpufleet_check_timestamp_seconds", "When the gpufleet check ran (Unix time).", "gauge",
+               [(host_l, int(float(now_epoch)))])
+    return "\n".join(out) + "\n"
+
+
+class FilterModule(object):
+    """gpufleet check filters."""
+
+    def filters(self):
+        return {
+            "gpufleet_check_verdict": gpufleet_check_verdict,
+            "gpufleet_check_unreachable": gpufleet_check_unreachable,
+            "gpufleet_check_fleet": gpufleet_check_fleet,
+            "gpufleet_check_stats": gpufleet_check_stats,
+            "gpufleet_check_report": gpufleet_check_report,
+            "gpufleet_check_failing": gpufleet_check_failing,
+            "gpufleet_check_table": gpufleet_check_table,
+            "gpufleet_check_prom": gpufleet_check_prom,
+        }

@@ -1,0 +1,262 @@
+"""playbooks/check.yml against the lab: a healthy fleet is all OK (rc 0) with table, stats, JSON, HTML and
+textfile; each injected fault gives its verdict and reason code; fail_on; check mode writes nothing.
+
+One lab for the module (restart.yml serves every host once); each test undoes its faults."""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("gpufleet_lab_tool_check", os.path.join(ROOT, "tests", "lab", "lab.py"))
+labtool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(labtool)
+SCHEMA = os.path.join(ROOT, "docs", "schemas", "check.schema.json")
+ARTIFACTS = os.path.join(ROOT, "artifacts")
+# The lab's simulated kernel log (lab hosts have no /dev/kmsg) and a per-host textfile directory.
+LAB_VARS = {"fleet_check_kmsg_path": "{{ lab_host_dir }}/kmsg"}
+TEXTFILE = "{{ lab_host_dir }}/textfile"
+
+
+def stdout_of(runner):
+    with open(runner.stdout.name) as handle:
+        return handle.read()
+
+
+def check_stats(runner):
+    for ev in runner.events:
+        if ev.get("event") == "playbook_on_stats":
+            return ((ev.get("event_data") or {}).get("artifact_data") or {}).get("gpufleet_check")
+    return None
+
+
+def codes(stats, host):
+    return {(r["severity"], r["code"], r["gpu"]) for r in stats[host]["reasons"]}
+
+
+def server_pid(lab, host):
+    path = os.path.join(lab.host_vars(host)["sglang_state_dir"], "sglang.pid")
+    with open(path) as fh:
+        return int(fh.read().split()[0])
+
+
+def engine_path(host_dir):
+    out = subprocess.run(["bash", "-c", "ls -d %s/venv/lib/python3*/site-packages/sglang/srt/entrypoints/engine.py"
+                          % host_dir], capture_output=True, text=True, check=True)
+    return out.stdout.split()[0]
+
+
+@pytest.fixture(scope="module")
+def served(lab):
+    hosts = lab.hosts[:3]
+    assert len(hosts) >= 2, "test_check needs a lab of 2 hosts or more"
+    lab.clear_faults()
+    runner = lab.run_playbook("playbooks/restart.yml", extravars={"gpufleet_serial": len(lab.hosts)})
+    assert runner.status == "successful", stdout_of(runner)[-3000:]
+    for host in lab.hosts:
+        os.makedirs(os.path.join(lab.host_dirs[host], "textfile"), exist_ok=True)
+    yield hosts
+    lab.clear_faults()
+    again = lab.run_playbook("playbooks/restart.yml", extravars={"gpufleet_serial": len(lab.hosts)})
+    assert again.status == "successful", stdout_of(again)[-3000:]
+    for host in lab.hosts:
+        shutil.rmtree(os.path.join(lab.host_dirs[host], "textfile"), ignore_errors=True)
+
+
+def run_check(lab, extravars=None, **kw):
+    ev = dict(LAB_VARS)
+    ev.update(extravars or {})
+    return lab.run_playbook("playbooks/check.yml", extravars=ev, **kw)
+
+
+def test_healthy_fleet_is_ok_with_table_stats_json_html_and_textfile(lab, served, tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    parser = pytest.importorskip("prometheus_client.parser")
+    report = tmp_path / "report"
+    runner = run_check(lab, {"gpufleet_report_dir": str(report), "gpufleet_textfile_dir": TEXTFILE,
+                             "gpufleet_expected_gpus": 8})
+    out = stdout_of(runner)
+    assert runner.status == "successful" and runner.rc == 0, out[-3000:]
+    stats = check_stats(runner)
+    assert set(stats) == set(lab.hosts)
+    for host in lab.hosts:
+        assert stats[host] == {"verdict": "OK", "reasons": [], "gpus_ok": 8, "gpus_total": 8}, stats[host]
+    table = out.split("GPUFLEET CHECK", 1)[1]
+    for host in lab.hosts:
+        assert any(line.split()[:3] == [host, "OK", "8/8"] for line in table.splitlines()), table
+    assert "%d host(s): %d OK, 0 WARN, 0 CRIT" % (len(lab.hosts), len(lab.hosts)) in table
+
+    doc = json.loads((report / "check.json").read_text())
+    with open(SCHEMA) as fh:
+        jsonschema.validate(doc, json.load(fh))
+    one = doc["hosts"][lab.hosts[0]]
+    assert one["sglang"]["serving"] is True and one["sglang"]["nccl_block"] == "present"
+    assert one["sglang"]["workers_nccl_ok"] == 8 and len(one["gpus"]) == 8
+
+    for host in lab.hosts:
+        path = os.path.join(lab.host_dirs[host], "textfile", "gpufleet.prom")
+        with open(path) as fh:
+            families = {f.name: f for f in parser.text_string_to_metric_families(fh.read())}
+        assert families["gpufleet_check_severity"].samples[0].value == 0
+        assert families["gpufleet_check_severity"].samples[0].labels == {"host": host}
+        assert families["gpufleet_gpus_ok"].samples[0].value == 8
+        assert families["gpufleet_sglang_serving"].samples[0].value == 1
+        # Atomic write: no temporary file left next to it.
+        assert os.listdir(os.path.dirname(path)) == ["gpufleet.prom"]
+
+    html = report / "check.html"
+    text = html.read_text()
+    assert "<link" not in text and "<script" not in text and "http" not in text.split("<body>")[0]
+    chromium = shutil.which("chromium")
+    if not chromium:
+        pytest.skip("chromium not installed (make system-packages installs it)")
+    profile = tempfile.mkdtemp(prefix="i11-chromium-")
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", "--user-data-dir=" + profile]
+    try:
+        dom = subprocess.run([chromium] + flags + ["--dump-dom", "file://%s" % html], capture_output=True,
+                             text=True, timeout=120).stdout
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        subprocess.run([chromium] + flags + ["--window-size=1400,900",
+                                             "--screenshot=%s" % os.path.join(ARTIFACTS, "check-report.png"),
+                                             "file://%s" % html], capture_output=True, timeout=120)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    assert '<table id="fleet">' in dom
+    for host in lab.hosts:
+        assert 'data-host="%s" data-verdict="OK"' % host in dom
+    assert "%d OK" % len(lab.hosts) in dom
+    assert os.path.getsize(os.path.join(ARTIFACTS, "check-report.png")) > 1000
+
+
+def test_check_mode_writes_nothing_and_tags_narrow(lab, served):
+    host = served[0]
+    prom = os.path.join(lab.host_dirs[host], "textfile", "gpufleet.prom")
+    if os.path.exists(prom):
+        os.remove(prom)
+    runner = run_check(lab, {"gpufleet_textfile_dir": TEXTFILE}, check=True, tags="gpu", limit=host)
+    out = stdout_of(runner)
+    assert runner.rc == 0, out[-3000:]
+    assert not os.path.exists(prom)
+    assert check_stats(runner)[host]["verdict"] == "OK"
+    # --tags gpu: nothing of SGLang or NCCL was read.
+    actions = {e["task_action"] for e in lab.events(runner, "runner_on_ok") if e.get("host") == host}
+    assert "nvidia_gpu_info" in actions
+    assert not actions & {"sglang_nccl_patch", "sglang_worker_env_info", "ansible.builtin.uri"}
+
+
+@pytest.mark.lab_only_once
+def test_gpu_faults_give_their_reasons(lab, served):
+    a, b = served[0], served[1]
+    c = served[2] if len(served) > 2 else None
+    lab.fault(a, ecc_errors=4, throttle="hw_slowdown")
+    lab.fault(b, remap_pending=True, nvlink_down=3)
+    if c:
+        lab.fault(c, xid=79, gpus_visible=7)
+    try:
+        runner = run_check(lab, {"gpufleet_expected_gpus": 8})
+    finally:
+        lab.clear_faults()
+    out = stdout_of(runner)
+    assert runner.rc != 0, out[-3000:]
+    stats = check_stats(runner)
+    assert stats[a]["verdict"] == "CRIT"
+    assert {("CRIT", "ecc_uncorrected", 1), ("WARN", "throttle", 1)} <= codes(stats, a)
+    assert stats[a]["gpus_ok"] == 7
+    assert {("CRIT", "remap_pending", 1), ("CRIT", "nvlink_down", 1)} <= codes(stats, b)
+    if c:
+        assert ("CRIT", "xid_79", 1) in codes(stats, c) and ("CRIT", "fewer_gpus", None) in codes(stats, c)
+        assert stats[c]["gpus_total"] == 7
+    assert "host(s) at or above CRIT" in out
+
+
+@pytest.mark.lab_only_once
+def test_driver_faults_and_hung_nvidia_smi_are_crit_in_bounded_time(lab, served):
+    a, b = served[0], served[1]
+    lab.fault(a, smi_rc=6)
+    lab.fault(b, smi_hang_s=120)
+    try:
+        t0 = time.monotonic()
+        runner = run_check(lab, {"fleet_check_gpu_timeout_s": 5, "gpufleet_expected_gpus": 8}, tags="gpu",
+                           limit="%s,%s" % (a, b))
+        took = time.monotonic() - t0
+        lab.clear_faults()
+        lab.fault(a, smi_rc=18)
+        mismatch = run_check(lab, {}, tags="gpu", limit=a)
+    finally:
+        lab.clear_faults()
+    stats = check_stats(runner)
+    assert runner.rc != 0
+    assert codes(stats, a) == {("CRIT", "no_devices", None)}
+    assert stats[a]["gpus_total"] == 8
+    assert ("CRIT", "timeout", None) in codes(stats, b)
+    assert took < 100, "a hung nvidia-smi held the check for %.0f s" % took
+    assert ("CRIT", "driver_mismatch", None) in codes(check_stats(mismatch), a)
+
+
+@pytest.mark.lab_only_once
+def test_nccl_drift_memory_held_and_unreachable(lab, served, tmp_path):
+    a, b = served[0], served[1]
+    c = served[2] if len(served) > 2 else None
+    version = lab.group_vars["lab_sglang_version"]
+    pristine = os.path.join(labtool.sglang_release_dir(version),
+                            "sglang", "srt", "entrypoints", "engine.py")
+    # a: reinstalling the wheel puts SGLang's own engine.py back (the NCCL block is gone).
+    shutil.copyfile(pristine, engine_path(lab.host_dirs[a]))
+    # b: a server started from the pristine file (workers lack the values), then the block patched back in.
+    shutil.copyfile(pristine, engine_path(lab.host_dirs[b]))
+    lab.exec(b, ["kill", "-TERM", str(server_pid(lab, b))])
+    time.sleep(3)
+    pid = lab.start_standin(b)
+    with open(os.path.join(lab.host_vars(b)["sglang_state_dir"], "sglang.pid"), "w") as fh:
+        fh.write("%d\n" % pid)
+    assert lab.wait_http(b, timeout_s=60) == 200
+    patch = lab.run_playbook("playbooks/patch.yml", limit=b)
+    assert patch.status == "successful", stdout_of(patch)[-2000:]
+    if c:
+        # c: the server is gone but its GPU memory stays held.
+        lab.fault(c, memory_never_released=True)
+        lab.exec(c, ["kill", "-KILL", str(server_pid(lab, c))])
+        time.sleep(1)
+    # An inventory host that does not answer ssh.
+    extra = tmp_path / "extra.yml"
+    extra.write_text("all:\n  children:\n    gpu_hosts:\n      hosts:\n        gpu-gone:\n"
+                     "          ansible_host: 10.255.255.1\n          ansible_ssh_common_args: -o ConnectTimeout=3\n")
+    try:
+        runner = run_check(lab, {"gpufleet_check_fail_on": "never"}, cmdline="-i %s" % extra)
+    finally:
+        lab.clear_faults()
+    out = stdout_of(runner)
+    assert runner.rc == 0, out[-3000:]
+    stats = check_stats(runner)
+    assert ("CRIT", "nccl_block_missing", None) in codes(stats, a)
+    assert "playbooks/patch.yml" in [r for r in stats[a]["reasons"] if r["code"] == "nccl_block_missing"][0]["text"]
+    assert ("CRIT", "nccl_worker_env", None) in codes(stats, b)
+    assert ("WARN", "restart_needed", None) in codes(stats, b)
+    assert ("CRIT", "nccl_block_missing", None) not in codes(stats, b)
+    if c:
+        assert ("CRIT", "sglang_not_serving", None) in codes(stats, c)
+        assert ("WARN", "memory_held_no_server", 0) in codes(stats, c)
+    assert codes(stats, "gpu-gone") == {("CRIT", "unreachable", None)}
+    assert "gpu-gone" in out.split("GPUFLEET CHECK", 1)[1]
+
+
+@pytest.mark.lab_only_once
+def test_fail_on_warn_and_crit(lab, served):
+    a = served[0]
+    lab.fault(a, throttle="hw_slowdown")
+    try:
+        warn = run_check(lab, {"gpufleet_check_fail_on": "warn"}, tags="gpu", limit=a)
+        crit = run_check(lab, {}, tags="gpu", limit=a)
+        bad = run_check(lab, {"gpufleet_check_fail_on": "sometimes"}, tags="gpu", limit=a)
+    finally:
+        lab.clear_faults()
+    assert check_stats(warn)[a]["verdict"] == "WARN"
+    assert warn.rc != 0 and "at or above WARN" in stdout_of(warn)
+    assert crit.rc == 0 and check_stats(crit)[a]["verdict"] == "WARN"
+    assert bad.rc != 0 and "gpufleet_check_fail_on=sometimes is not one of" in stdout_of(bad)

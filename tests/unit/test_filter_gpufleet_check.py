@@ -1,0 +1,259 @@
+"""Unit tests of plugins/filter/gpufleet_check.py: one test per verdict rule, the fleet view, JSON schema,
+the Prometheus textfile (parsed with prometheus_client) and the table."""
+import copy
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gpufleet_check_filters", ROOT / "plugins" / "filter" / "gpufleet_check.py")
+chk = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(chk)
+SCHEMA = json.loads((ROOT / "docs" / "schemas" / "check.schema.json").read_text())
+
+
+def _gpu(i, **over):
+    g = {"index": i, "uuid": "GPU-%08d" % i, "name": "NVIDIA H200", "memory_used_mib": 120009,
+         "memory_total_mib": 143771, "temperature_gpu_c": 40, "temperature_memory_c": 45, "power_draw_w": 250.0,
+         "utilization_gpu_pct": 0, "persistence_mode": "Enabled", "mig_mode_current": "Disabled",
+         "mig_mode_pending": "Disabled", "ecc_errors_uncorrected_volatile_total": 0,
+         "ecc_errors_uncorrected_aggregate_total": 0, "remapped_rows_pending": False,
+         "remapped_rows_failure": False, "retired_pages_pending": None, "clocks_event_reasons": [],
+         "pcie_link_gen_current": 5, "pcie_link_gen_max": 5, "pcie_link_width_current": 16,
+         "pcie_link_width_max": 16,
+         "nvlinks": [{"link": n, "state": "active", "replay_errors": 0, "recovery_errors": 0, "crc_flit_errors": 0,
+                      "crc_data_errors": 0} for n in range(18)],
+         "processes": [{"pid": 200 + i, "used_memory_mib": 120000, "name": "sglang::scheduler_TP%d" % i,
+                        "kind": "gpu", "source": ["nvidia-smi", "proc_fd"]},
+                       {"pid": 9, "used_memory_mib": None, "name": "nvidia-persistenced", "kind": "monitor",
+                        "source": ["proc_fd"]}]}
+    g.update(over)
+    return g
+
+
+def healthy():
+    return {
+        "gpu": {"changed": False, "gpu_count": 8, "driver_version": "580.159.04", "gpus": [_gpu(i) for i in range(8)],
+                "xid_status": "ok", "xid_events": []},
+        "health": {"status": 200, "url": "http://127.0.0.1:30000/health_generate"},
+        "server_info": {"status": 200, "json": {"version": "0.5.23", "tp_size": 8, "model_path": "/m"}},
+        "host": {"managed_pid": 100, "managed_running": True},
+        "args": {"sglang_version": "0.5.23", "dest_values": {"tp_size": 8, "model_path": "/m"}},
+        "patch_present": {"changed": False, "path": "/x/engine.py", "sglang_version": "0.5.23"},
+        "patch_absent": {"skipped": True},
+        "workers": {"workers": [{"pid": 200 + i, "title": "sglang::scheduler_TP%d" % i, "match": True,
+                                 "missing": [], "mismatched": {}} for i in range(8)], "all_match": True},
+        "engine_stat": {"stat": {"mtime": 1000.0}},
+        "started": {"stdout": "1950.000", "rc": 0},
+    }
+
+
+def verdict(g, **config):
+    return chk.gpufleet_check_verdict(g, config)
+
+
+def codes(result):
+    return {(r["severity"], r["code"], r["gpu"]) for r in result["reasons"]}
+
+
+def test_healthy_host_is_ok_with_all_gpus():
+    r = verdict(healthy(), expected_gpus=8)
+    assert r["verdict"] == "OK" and r["reasons"] == []
+    assert (r["gpus_ok"], r["gpus_total"]) == (8, 8)
+    assert r["sglang"]["nccl_block"] == "present" and r["sglang"]["workers_nccl_ok"] == 8
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("ecc_errors_uncorrected_volatile_total", 4, ("CRIT", "ecc_uncorrected", 1)),
+    ("remapped_rows_pending", True, ("CRIT", "remap_pending", 1)),
+    ("remapped_rows_failure", True, ("CRIT", "remap_failure", 1)),
+    ("retired_pages_pending", True, ("CRIT", "retired_pages_pending", 1)),
+    ("clocks_event_reasons", ["hw_slowdown"], ("WARN", "throttle", 1)),
+    ("temperature_gpu_c", 86, ("WARN", "gpu_temperature", 1)),
+    ("temperature_gpu_c", 91, ("CRIT", "gpu_temperature", 1)),
+    ("temperature_memory_c", 96, ("CRIT", "memory_temperature", 1)),
+    ("pcie_link_width_current", 8, ("WARN", "pcie_degraded", 1)),
+    ("persistence_mode", "Disabled", ("WARN", "persistence_off", 1)),
+    ("mig_mode_current", "Enabled", ("CRIT", "mig_mode", 1)),
+    ("mig_mode_pending", "Enabled", ("WARN", "mig_pending", 1)),
+])
+def test_gpu_field_gives_reason_on_that_gpu(field, value, expected):
+    g = healthy()
+    g["gpu"]["gpus"][1][field] = value
+    r = verdict(g)
+    assert codes(r) == {expected}
+    assert r["verdict"] == expected[0]
+    assert r["gpus_ok"] == 7 and r["gpus_total"] == 8
+
+
+def test_idle_gpu_link_trained_down_is_not_degraded_but_busy_one_is():
+    g = healthy()
+    g["gpu"]["gpus"][2].update(pcie_link_gen_current=1, clocks_event_reasons=["gpu_idle"])
+    assert verdict(g)["verdict"] == "OK"
+    g["gpu"]["gpus"][2]["clocks_event_reasons"] = []
+    assert codes(verdict(g)) == {("WARN", "pcie_degraded", 2)}
+
+
+def test_nvlink_down_is_crit_and_error_counts_warn_over_threshold():
+    g = healthy()
+    g["gpu"]["gpus"][1]["nvlinks"][3]["state"] = "inactive"
+    assert codes(verdict(g)) == {("CRIT", "nvlink_down", 1)}
+    g = healthy()
+    g["gpu"]["gpus"][0]["nvlinks"][0]["replay_errors"] = 101
+    assert codes(verdict(g)) == {("WARN", "nvlink_errors", 0)}
+    assert verdict(g, nvlink_errors_warn=1000)["verdict"] == "OK"
+
+
+def test_xid_severity_map_and_unknown_xid_and_unreadable_log():
+    g = healthy()
+    g["gpu"]["xid_events"] = [{"xid": 79, "gpu_index": 1, "text": "NVRM: Xid (PCI:0000:2a:00): 79, GPU has fallen off the bus."},
+                              {"xid": 31, "gpu_index": 2, "text": "NVRM: Xid 31"},
+                              {"xid": 4242, "gpu_index": 3, "text": "NVRM: Xid 4242"}]
+    assert codes(verdict(g)) == {("CRIT", "xid_79", 1), ("WARN", "xid_31", 2), ("WARN", "xid_4242", 3)}
+    # The map is configuration: an operator can raise 31 to CRIT and unknown Xids too.
+    r = verdict(g, xid_severity={"31": "CRIT"}, xid_unknown_severity="CRIT")
+    assert ("CRIT", "xid_31", 2) in codes(r) and ("CRIT", "xid_4242", 3) in codes(r)
+    g = healthy()
+    g["gpu"].update(xid_status="unknown", xid_events=None, xid_reason="/dev/kmsg: Permission denied")
+    r = verdict(g)
+    assert codes(r) == {("WARN", "xid_unknown", None)} and "Permission denied" in r["reasons"][0]["text"]
+
+
+@pytest.mark.parametrize("error_class", ["no_devices", "driver_mismatch", "timeout", "gpu_lost"])
+def test_driver_failure_is_crit_with_its_class(error_class):
+    g = healthy()
+    g["gpu"] = {"failed": True, "error_class": error_class, "msg": "No devices were found\nmore"}
+    r = verdict(g, expected_gpus=8)
+    assert codes(r) == {("CRIT", error_class, None)}
+    assert (r["gpus_ok"], r["gpus_total"]) == (0, 8) and "No devices were found" in r["reasons"][0]["text"]
+
+
+def test_fewer_gpus_than_expected_is_crit():
+    g = healthy()
+    g["gpu"]["gpus"] = g["gpu"]["gpus"][:7]
+    g["gpu"]["gpu_count"] = 7
+    r = verdict(g, expected_gpus=8)
+    assert codes(r) == {("CRIT", "fewer_gpus", None)}
+    assert r["gpus_total"] == 7
+    assert verdict(g)["verdict"] == "OK"  # no expectation set: 7 is what the host has
+
+
+def test_memory_held_with_no_server_and_foreign_process():
+    g = healthy()
+    g["host"] = {"managed_pid": None, "managed_running": False}
+    g["health"] = {"status": -1, "msg": "Connection refused"}
+    g["server_info"] = {"skipped": True}
+    g["workers"] = {"skipped": True}
+    g["started"] = {"skipped": True}
+    r = verdict(g)
+    got = codes(r)
+    assert ("CRIT", "sglang_not_serving", None) in got
+    assert {c for c in got if c[1] == "memory_held_no_server"} == {("WARN", "memory_held_no_server", i) for i in range(8)}
+    g = healthy()
+    g["gpu"]["gpus"][5]["processes"].append({"pid": 777, "used_memory_mib": 500, "name": "python", "kind": "gpu",
+                                             "source": ["nvidia-smi"]})
+    assert codes(verdict(g)) == {("WARN", "foreign_gpu_process", 5)}
+
+
+def test_nccl_block_missing_differs_and_uncheckable():
+    g = healthy()
+    g["patch_present"]["changed"] = True
+    g["patch_absent"] = {"changed": False, "path": "/x/engine.py"}
+    r = verdict(g)
+    assert codes(r) == {("CRIT", "nccl_block_missing", None)} and "playbooks/patch.yml" in r["reasons"][0]["text"]
+    g["patch_absent"]["changed"] = True
+    assert codes(verdict(g)) == {("CRIT", "nccl_block_values", None)}
+    # A block removed after the server started: the fix named is "patch, then restart", no second reason.
+    g["engine_stat"]["stat"]["mtime"] = 1990.0
+    g["patch_absent"]["changed"] = False
+    assert codes(verdict(g)) == {("CRIT", "nccl_block_missing", None)}
+    g["patch_present"] = {"failed": True, "msg": "def _set_envs_and_config() not found"}
+    g["engine_stat"]["stat"]["mtime"] = 1000.0
+    assert codes(verdict(g)) == {("WARN", "nccl_check_failed", None)}
+
+
+def test_worker_without_nccl_values_and_restart_needed():
+    g = healthy()
+    g["workers"]["workers"][3].update(match=False, missing=["NCCL_PROTO"])
+    r = verdict(g)
+    assert codes(r) == {("CRIT", "nccl_worker_env", None)} and "NCCL_PROTO" in r["reasons"][0]["text"]
+    g = healthy()
+    g["engine_stat"]["stat"]["mtime"] = 1990.0  # changed 40 s after the server started 
+    assert codes(verdict(g)) == {("WARN", "restart_needed", None)}
+
+
+def test_release_and_server_args_drift():
+    g = healthy()
+    g["server_info"]["json"].update(version="0.5.22", tp_size=4)
+    got = codes(verdict(g))
+    assert got == {("WARN", "sglang_release", None), ("WARN", "server_args_drift", None)}
+    assert verdict(healthy(), sglang_version="0.5.24")["reasons"][0]["code"] == "sglang_release"
+
+
+def test_skipped_parts_are_not_judged():
+    g = {"gpu": {"skipped": True}, "health": {"skipped": True}, "host": {"managed_running": True, "managed_pid": 1}}
+    r = verdict(g)
+    assert r["verdict"] == "OK" and r["gpus_total"] == 0
+
+
+def test_fleet_marks_hosts_without_result_crit_and_report_matches_schema():
+    jsonschema = pytest.importorskip("jsonschema")
+    ok = verdict(healthy())
+    bad = healthy()
+    bad["gpu"]["gpus"][1]["ecc_errors_uncorrected_volatile_total"] = 4
+    hostvars = {"a": {"fleet_check_result": ok}, "b": {"fleet_check_result": verdict(bad)}, "c": {}}
+    fleet = chk.gpufleet_check_fleet(hostvars, ["a", "b", "c", "d"])
+    assert [fleet[h]["verdict"] for h in "abcd"] == ["OK", "CRIT", "CRIT", "CRIT"]
+    assert fleet["d"]["reasons"][0]["code"] == "unreachable"
+    doc = json.loads(json.dumps(chk.gpufleet_check_report(fleet)))
+    jsonschema.validate(doc, SCHEMA)
+    broken = copy.deepcopy(doc)
+    broken["hosts"]["a"]["verdict"] = "FINE"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, SCHEMA)
+    stats = chk.gpufleet_check_stats(fleet)
+    assert set(stats["b"]) == {"verdict", "reasons", "gpus_ok", "gpus_total"}
+
+
+def test_unreachable_verdict():
+    r = chk.gpufleet_check_unreachable("Failed to connect to the host via ssh: timeout\nmore", 8)
+    assert r["verdict"] == "CRIT" and r["reasons"][0]["code"] == "unreachable" and r["gpus_total"] == 8
+    assert "timeout" in r["reasons"][0]["text"] and "more" not in r["reasons"][0]["text"]
+
+
+@pytest.mark.parametrize("fail_on,expected", [("crit", ["c"]), ("warn", ["w", "c"]), ("never", [])])
+def test_failing_hosts_by_fail_on(fail_on, expected):
+    fleet = {"o": {"verdict": "OK"}, "w": {"verdict": "WARN"}, "c": {"verdict": "CRIT"}}
+    assert chk.gpufleet_check_failing(fleet, fail_on) == expected
+
+
+def test_textfile_parses_with_prometheus_client():
+    parser = pytest.importorskip("prometheus_client.parser")
+    g = healthy()
+    g["gpu"]["gpus"][1]["ecc_errors_uncorrected_volatile_total"] = 4
+    r = verdict(g)
+    text = chk.gpufleet_check_prom(r, 'gpu-"01"', now_epoch=1764570000.5)
+    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+    sev = families["gpufleet_check_severity"].samples[0]
+    assert sev.value == 2 and sev.labels == {"host": 'gpu-"01"'}
+    reasons = families["gpufleet_check_reasons"].samples
+    assert [(s.labels["code"], s.labels["gpu"], s.labels["severity"]) for s in reasons] == [("ecc_uncorrected", "1", "CRIT")]
+    healthy_by_gpu = {s.labels["gpu"]: s.value for s in families["gpufleet_gpu_healthy"].samples}
+    assert healthy_by_gpu["1"] == 0 and healthy_by_gpu["0"] == 1
+    assert families["gpufleet_gpu_memory_used_bytes"].samples[0].value == 120009 * 1048576
+    verdicts = {s.labels["verdict"]: s.value for s in families["gpufleet_check_verdict"].samples}
+    assert verdicts == {"OK": 0, "WARN": 0, "CRIT": 1}
+    assert families["gpufleet_nccl_block_present"].samples[0].value == 1
+
+
+def test_table_lists_each_host_with_short_reasons_and_counts():
+    bad = healthy()
+    bad["gpu"]["gpus"][1]["clocks_event_reasons"] = ["hw_slowdown"]
+    fleet = {"gpu-01": verdict(healthy()), "gpu-02": verdict(bad)}
+    lines = chk.gpufleet_check_table(fleet).splitlines()
+    assert lines[0].split() == ["host", "verdict", "gpus", "reasons"]
+    assert lines[1].split() == ["gpu-01", "OK", "8/8", "-"]
+    assert lines[2].split()[:5] == ["gpu-02", "WARN", "7/8", "WARN", "throttle"]
+    assert lines[-1] == "2 host(s): 1 OK, 1 WARN, 0 CRIT"
