@@ -91,8 +91,11 @@ def test_filters_and_modules_are_documented_for_ansible_doc(installed):
     assert listed.returncode == 0, listed.stderr
     names = set(json.loads(listed.stdout))
     sys.path.insert(0, os.path.join(ROOT, "collections"))
-    from ansible_collections.gpufleet.fleet.plugins.filter import gpufleet, gpufleet_run
-    defined = {"gpufleet.fleet." + n for m in (gpufleet, gpufleet_run) for n in m.FilterModule().filters()}
+    import importlib
+    modules = [importlib.import_module("ansible_collections.gpufleet.fleet.plugins.filter." + os.path.basename(f)[:-3])
+               for f in glob.glob(os.path.join(ROOT, "plugins", "filter", "*.py"))]
+    defined = {"gpufleet.fleet." + n for m in modules for n in m.FilterModule().filters()}
+    assert len(modules) >= 4 and "gpufleet.fleet.gpufleet_check_verdict" in defined
     assert names == defined
     one = run([doc, "-t", "filter", "--json", "gpufleet.fleet.gpufleet_serial_error"], installed["cwd"],
               installed["env"])
