@@ -295,6 +295,8 @@ def inventory_docs(names, state, inventory_dirs):
                 "trust-remote-code": True,
             },
             "lab_host_dir": h["dir"],
+            # lab hosts have no /dev/kmsg of their own: check.yml reads the simulator's kernel log for Xid events
+            "fleet_check_kmsg_path": os.path.join(h["dir"], "kmsg"),
         }
     group_vars = {
         "ansible_user": "root",
