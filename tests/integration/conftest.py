@@ -45,6 +45,14 @@ Needs root, sshd, iproute2 (``make setup``); otherwise the tests are skipped wit
 
 Tests that change a host (faults, patched files, running servers) must undo it: the lab is shared by the
 whole session.
+
+``systemd_lab``: the same ``Lab`` object for a lab whose hosts boot Debian's systemd as PID 1
+(``lab.py up --init systemd``): inventory with ``sglang_launch_method: systemd``, login user ``gpufleet``
+(sudo), service user ``sglang``. Session-scoped, in ``/tmp/gpufleet-test-lab-systemd-<pid>`` with
+``GPUFLEET_TEST_SYSTEMD_LAB_HOSTS`` hosts (default 2); ``GPUFLEET_TEST_SYSTEMD_LAB_DIR=<dir>`` reuses a running
+one. Skipped with the reason when systemd-nspawn or sudo is missing (``make system-packages LAB_INIT=systemd``).
+``systemctl(host, *args)`` runs systemctl inside a host (CompletedProcess); ``unit_props(host, *names)`` →
+dict of ``systemctl show`` properties.
 """
 import json
 import os
@@ -219,6 +227,23 @@ class Lab:
         return int(got) if got.isdigit() else None
 
 
+def _lab_up(lab_dir, hosts, init="process"):
+    version = os.environ.get("GPUFLEET_TEST_LAB_SGLANG", "0.5.23")
+    up = subprocess.run([sys.executable, LAB_PY, "up", "--hosts", str(hosts), "--sglang-version", version,
+                         "--lab-dir", lab_dir, "--init", init], capture_output=True, text=True)
+    if up.returncode != 0:
+        subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True)
+        pytest.fail("lab up failed (rc %d):\n%s\n%s" % (up.returncode, up.stdout, up.stderr))
+
+
+def _lab_down(lab_dir):
+    subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True)
+    try:
+        os.rmdir(lab_dir)
+    except OSError:
+        pass
+
+
 def _lab_prerequisites():
     if os.geteuid() != 0:
         return "the lab needs root"
@@ -238,24 +263,43 @@ def lab():
         yield Lab(reuse)
         return
     lab_dir = "/tmp/gpufleet-test-lab-%d" % os.getpid()
-    hosts = int(os.environ.get("GPUFLEET_TEST_LAB_HOSTS", "4"))
-    version = os.environ.get("GPUFLEET_TEST_LAB_SGLANG", "0.5.23")
-    up = subprocess.run([sys.executable, LAB_PY, "up", "--hosts", str(hosts), "--sglang-version", version,
-                         "--lab-dir", lab_dir], capture_output=True, text=True)
-    if up.returncode != 0:
-        subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True)
-        pytest.fail("lab up failed (rc %d):\n%s\n%s" % (up.returncode, up.stdout, up.stderr))
+    _lab_up(lab_dir, int(os.environ.get("GPUFLEET_TEST_LAB_HOSTS", "4")))
     try:
         yield Lab(lab_dir)
     finally:
-        subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True)
-        try:
-            os.rmdir(lab_dir)
-        except OSError:
-            pass
+        _lab_down(lab_dir)
+
+
+class SystemdLab(Lab):
+    def systemctl(self, host, *args):
+        return self.exec(host, ["systemctl", "--no-pager"] + list(args))
+
+    def unit_props(self, host, *names, unit="sglang.service"):
+        res = self.systemctl(host, "show", unit, *["--property=%s" % n for n in names])
+        return dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="session")
+def systemd_lab():
+    reason = _lab_prerequisites()
+    for tool in ("/usr/bin/systemd-nspawn", "/usr/bin/sudo"):
+        if not reason and not os.path.exists(tool):
+            reason = "%s missing (run make system-packages LAB_INIT=systemd)" % tool
+    if reason:
+        pytest.skip(reason)
+    reuse = os.environ.get("GPUFLEET_TEST_SYSTEMD_LAB_DIR")
+    if reuse:
+        yield SystemdLab(reuse)
+        return
+    lab_dir = "/tmp/gpufleet-test-lab-systemd-%d" % os.getpid()
+    _lab_up(lab_dir, int(os.environ.get("GPUFLEET_TEST_SYSTEMD_LAB_HOSTS", "2")), init="systemd")
+    try:
+        yield SystemdLab(lab_dir)
+    finally:
+        _lab_down(lab_dir)
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "lab" in getattr(item, "fixturenames", ()):
+        if {"lab", "systemd_lab"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.lab)
