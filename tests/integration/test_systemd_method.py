@@ -216,3 +216,21 @@ def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_dema
         back = restart(lab, limit=host)  # without the key: the file goes, the server takes no key
         assert back.status == "successful", stdout_of(back)[-4000:]
     assert lab.exec(host, ["test", "-e", "%s/sglang-api-key.env" % state]).returncode == 1
+
+
+def test_root_login_runs_no_sudo_and_the_unit_still_runs_as_the_service_user(systemd_lab):
+    lab = systemd_lab
+    host = lab.hosts[-1]
+    old_pid = ensure_serving(lab, host)
+
+    def sudo_lines():
+        res = lab.exec(host, ["journalctl", "_COMM=sudo", "--no-pager", "-o", "cat"], check=True)
+        return [line for line in res.stdout.splitlines() if line.strip()]
+
+    before = sudo_lines()
+    assert before, "the login user's runs used sudo (the journal shows none: is journald logging?)"
+    runner = restart(lab, limit=host, ansible_user="root")
+    assert runner.status == "successful", stdout_of(runner)[-4000:]
+    assert sudo_lines() == before  # sglang_launch_become, sglang_stop_become, ... are all false for root
+    props = lab.unit_props(host, "ActiveState", "MainPID", "User")
+    assert props["ActiveState"] == "active" and props["User"] == "sglang" and int(props["MainPID"]) != old_pid

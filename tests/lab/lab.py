@@ -546,6 +546,13 @@ def cmd_down(args):
     deadline = time.time() + 10
     while set(lab_netns_pids(names)) and time.time() < deadline:
         time.sleep(0.05)
+    # systemd hosts: nspawn (outside the netns) exits once its container is gone; it must have let go of the
+    # overlay root before that is unmounted, and leaves /run/systemd/nspawn/propagate/<machine> behind.
+    while any(_lab_init_of(names, p) for p in pids if p > 0) and time.time() < deadline:
+        time.sleep(0.05)
+    for h in state.get("hosts", []):
+        if h.get("init") == "systemd":
+            shutil.rmtree(systemd_host.propagate_dir(h), ignore_errors=True)
     for mp in nsutil.mounts_under(names.lab_dir):
         try:
             nsutil.umount(mp, nsutil.MNT_DETACH)
@@ -569,7 +576,10 @@ def cmd_down(args):
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:
-                os.unlink(path)
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:  # a second `down` at the same time
+                    pass
     shutil.rmtree(names.run_dir, ignore_errors=True)
     inv_dirs = state.get("inventory_dirs") or ([DEFAULT_INVENTORY_DIR]
                                                if names.lab_dir == os.path.realpath(DEFAULT_LAB_DIR) else [])

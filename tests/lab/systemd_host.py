@@ -16,7 +16,8 @@ Inside a host:
   daemon, the ``nvidia-persistenced`` look-alike monitor, ``/dev/nvidia*`` and ``/proc/driver/nvidia``, and the
   live fault knobs (``lab.py fault`` SIGHUPs this service's main process, not PID 1);
 - users: ``sglang`` (system user, the service user) and ``LOGIN_USER`` (``gpufleet``, the lab key, passwordless
-  sudo via ``/etc/sudoers.d/gpufleet-lab``); root cannot log in over SSH;
+  sudo via ``/etc/sudoers.d/gpufleet-lab``); root may log in with the lab key too (the inventory uses
+  ``LOGIN_USER``; tests log in as root to check that no sudo runs then);
 - ``/usr/local/bin/nvidia-smi`` is the host's simulated ``nvidia-smi`` and the manager's
   ``DefaultEnvironment=`` carries ``GPUFLEET_LAB_HOST_DIR``, so sudo sessions and units find the simulated GPUs.
 
@@ -95,6 +96,12 @@ def prepare_root(host, python, lab_dir):
     for p in (home, os.path.join(home, ".ssh"), os.path.join(home, ".ssh", "authorized_keys")):
         os.chown(p, pw[0], pw[1])
     os.chmod(os.path.join(home, ".ssh"), 0o700)
+    # root's own dotfiles on the host: the machine's (pyenv init, rehash locks) would run in every SSH command
+    for name in (".bashrc", ".profile"):
+        _write(os.path.join(merged, "root", name), "# gpufleet lab host %s: root's shell start-up, empty\n" % host["name"])
+    root_ssh = os.path.join(merged, "root", ".ssh")
+    os.makedirs(root_ssh, mode=0o700, exist_ok=True)
+    shutil.copyfile(host["authorized_keys"], os.path.join(root_ssh, "authorized_keys"))
     _write(os.path.join(etc, "sudoers.d", "gpufleet-lab"),
            "# gpufleet lab: the login user may become root without a password (like an operator with sudo)\n"
            "%s ALL=(ALL:ALL) NOPASSWD: ALL\n" % LOGIN_USER, 0o440)
@@ -103,7 +110,8 @@ def prepare_root(host, python, lab_dir):
     _write(os.path.join(etc, "ssh", "sshd_config.d", "gpufleet-lab.conf"), "\n".join([
         "# gpufleet lab host %s: first value wins, so these override /etc/ssh/sshd_config" % host["name"],
         "HostKey %s" % ssh_key,
-        "PermitRootLogin no",
+        # root too, with the lab key only: tests check that a root login runs without sudo
+        "PermitRootLogin prohibit-password",
         "PubkeyAuthentication yes",
         "PubkeyAcceptedAlgorithms ssh-ed25519",
         "PasswordAuthentication no",
@@ -153,11 +161,20 @@ def _passwd_ids(passwd, user):
     raise SystemdHostError("user %s missing from %s" % (user, passwd))
 
 
+def machine_name(host):
+    return "gfl-%s" % host["netns"].split("-", 1)[1]
+
+
+def propagate_dir(host):
+    """Directory nspawn creates per machine on the machine (/run, not /etc) and does not remove when killed."""
+    return os.path.join("/run/systemd/nspawn/propagate", machine_name(host))
+
+
 def start(host, merged, binds):
     """Boot the host: systemd-nspawn in the host's netns. Returns the Popen of nspawn (its own session)."""
     log = open(os.path.join(host["dir"], "console.log"), "ab")
     argv = [NSPAWN, "--quiet", "--boot", "--directory", merged, "--register=no", "--keep-unit",
-            "--machine", "gfl-%s" % host["netns"].split("-", 1)[1], "--hostname", host["name"],
+            "--machine", machine_name(host), "--hostname", host["name"],
             "--network-namespace-path", os.path.join("/run/netns", host["netns"]),
             "--console=read-only", "--resolv-conf=off", "--timezone=off", "--link-journal=no"]
     argv += ["--bind=%s" % b for b in binds]
