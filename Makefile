@@ -26,6 +26,8 @@ system-packages:
 	 command -v unshare >/dev/null || need="$$need util-linux"; \
 	 command -v ssh >/dev/null || need="$$need openssh-client"; \
 	 if [ "$(LAB_INIT)" = systemd ] || [ "$(SYSTEMD_LAB)" = 1 ]; then \
+	   test -x /usr/lib/systemd/systemd || need="$$need systemd"; \
+	   test -x /usr/bin/dbus-daemon || need="$$need dbus"; \
 	   test -x /usr/bin/systemd-nspawn || need="$$need systemd-container"; \
 	   test -x /usr/bin/sudo || need="$$need sudo"; \
 	 fi; \

@@ -244,6 +244,20 @@ def _lab_down(lab_dir):
         pass
 
 
+def _session_lab(cls, reuse_env, lab_dir, hosts, init):
+    """Yield a ``cls`` for the lab named by ``reuse_env`` (left running), or for one brought up in ``lab_dir``
+    and taken down afterwards."""
+    reuse = os.environ.get(reuse_env)
+    if reuse:
+        yield cls(reuse)
+        return
+    _lab_up(lab_dir, hosts, init)
+    try:
+        yield cls(lab_dir)
+    finally:
+        _lab_down(lab_dir)
+
+
 def _lab_prerequisites():
     if os.geteuid() != 0:
         return "the lab needs root"
@@ -258,16 +272,8 @@ def lab():
     reason = _lab_prerequisites()
     if reason:
         pytest.skip(reason)
-    reuse = os.environ.get("GPUFLEET_TEST_LAB_DIR")
-    if reuse:
-        yield Lab(reuse)
-        return
-    lab_dir = "/tmp/gpufleet-test-lab-%d" % os.getpid()
-    _lab_up(lab_dir, int(os.environ.get("GPUFLEET_TEST_LAB_HOSTS", "4")))
-    try:
-        yield Lab(lab_dir)
-    finally:
-        _lab_down(lab_dir)
+    yield from _session_lab(Lab, "GPUFLEET_TEST_LAB_DIR", "/tmp/gpufleet-test-lab-%d" % os.getpid(),
+                            int(os.environ.get("GPUFLEET_TEST_LAB_HOSTS", "4")), "process")
 
 
 class SystemdLab(Lab):
@@ -287,16 +293,9 @@ def systemd_lab():
             reason = "%s missing (run make system-packages LAB_INIT=systemd)" % tool
     if reason:
         pytest.skip(reason)
-    reuse = os.environ.get("GPUFLEET_TEST_SYSTEMD_LAB_DIR")
-    if reuse:
-        yield SystemdLab(reuse)
-        return
-    lab_dir = "/tmp/gpufleet-test-lab-systemd-%d" % os.getpid()
-    _lab_up(lab_dir, int(os.environ.get("GPUFLEET_TEST_SYSTEMD_LAB_HOSTS", "2")), init="systemd")
-    try:
-        yield SystemdLab(lab_dir)
-    finally:
-        _lab_down(lab_dir)
+    yield from _session_lab(SystemdLab, "GPUFLEET_TEST_SYSTEMD_LAB_DIR",
+                            "/tmp/gpufleet-test-lab-systemd-%d" % os.getpid(),
+                            int(os.environ.get("GPUFLEET_TEST_SYSTEMD_LAB_HOSTS", "2")), "systemd")
 
 
 def pytest_collection_modifyitems(items):

@@ -98,7 +98,8 @@ def prepare_root(host, python, lab_dir):
     os.chmod(os.path.join(home, ".ssh"), 0o700)
     # root's own dotfiles on the host: the machine's (pyenv init, rehash locks) would run in every SSH command
     for name in (".bashrc", ".profile"):
-        _write(os.path.join(merged, "root", name), "# gpufleet lab host %s: root's shell start-up, empty\n" % host["name"])
+        _write(os.path.join(merged, "root", name),
+               "# gpufleet lab host %s: root's shell start-up, empty\n" % host["name"])
     root_ssh = os.path.join(merged, "root", ".ssh")
     os.makedirs(root_ssh, mode=0o700, exist_ok=True)
     shutil.copyfile(host["authorized_keys"], os.path.join(root_ssh, "authorized_keys"))
