@@ -8,6 +8,9 @@ VENV_NEW ?= .venv-ansible-2.21
 LAB_HOSTS ?= 8
 LAB_SGLANG_VERSION ?= 0.5.23
 LAB_DIR ?= .lab
+# PID 1 of each lab host: process (host_init.py, the default) or systemd (Debian's systemd under systemd-nspawn,
+# a non-root login user with sudo, sglang_launch_method systemd; needs systemd-container and sudo).
+LAB_INIT ?= process
 PYTEST_ARGS ?=
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
@@ -16,13 +19,21 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 setup: system-packages venv
 
-# The lab needs a real sshd and iproute2; the check.yml HTML report test renders in headless chromium.
+# The lab needs a real sshd and iproute2; the systemd lab (LAB_INIT=systemd, and `make test`, which runs the
+# systemd lab tests: SYSTEMD_LAB=1) also systemd-nspawn and sudo; the check.yml HTML report test renders in
+# headless chromium. Nothing else comes from the OS.
 system-packages:
 	@need=""; command -v /usr/sbin/sshd >/dev/null || need="$$need openssh-server"; \
 	 command -v chromium >/dev/null || need="$$need chromium"; \
 	 command -v ip >/dev/null || need="$$need iproute2"; \
 	 command -v unshare >/dev/null || need="$$need util-linux"; \
 	 command -v ssh >/dev/null || need="$$need openssh-client"; \
+	 if [ "$(LAB_INIT)" = systemd ] || [ "$(SYSTEMD_LAB)" = 1 ]; then \
+	   test -x /usr/lib/systemd/systemd || need="$$need systemd"; \
+	   test -x /usr/bin/dbus-daemon || need="$$need dbus"; \
+	   test -x /usr/bin/systemd-nspawn || need="$$need systemd-container"; \
+	   test -x /usr/bin/sudo || need="$$need sudo"; \
+	 fi; \
 	 if [ -n "$$need" ]; then \
 	   if [ "$$(id -u)" != 0 ]; then echo "missing system packages:$$need (run 'make system-packages' as root)"; exit 1; fi; \
 	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$need >/dev/null; \
@@ -47,7 +58,7 @@ $(VENV_NEW)/.installed: requirements/controller-ansible-2.21.txt pyproject.toml
 	touch $@
 
 lab-up: setup
-	$(VENV)/bin/python tests/lab/lab.py up --hosts $(LAB_HOSTS) --sglang-version $(LAB_SGLANG_VERSION) --lab-dir $(LAB_DIR)
+	$(VENV)/bin/python tests/lab/lab.py up --hosts $(LAB_HOSTS) --sglang-version $(LAB_SGLANG_VERSION) --lab-dir $(LAB_DIR) --init $(LAB_INIT)
 
 lab-down:
 	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python tests/lab/lab.py down --lab-dir $(LAB_DIR); \
@@ -68,6 +79,7 @@ ROLL_LAB_DIR ?= .lab-roll
 roll-under-load: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python tests/lab/roll_under_load.py --hosts $(ROLL_HOSTS) --lab-dir $(ROLL_LAB_DIR)
 
+test: SYSTEMD_LAB = 1
 test: setup venv-new
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 	PATH=$(CURDIR)/$(VENV_NEW)/bin:$$PATH $(VENV_NEW)/bin/python -m pytest -m "not lab_only_once" $(PYTEST_ARGS)

@@ -45,6 +45,14 @@ Needs root, sshd, iproute2 (``make setup``); otherwise the tests are skipped wit
 
 Tests that change a host (faults, patched files, running servers) must undo it: the lab is shared by the
 whole session.
+
+``systemd_lab``: the same ``Lab`` object for a lab whose hosts boot Debian's systemd as PID 1
+(``lab.py up --init systemd``): inventory with ``sglang_launch_method: systemd``, login user ``gpufleet``
+(sudo), service user ``sglang``. Session-scoped, in ``/tmp/gpufleet-test-lab-systemd-<pid>`` with
+``GPUFLEET_TEST_SYSTEMD_LAB_HOSTS`` hosts (default 2); ``GPUFLEET_TEST_SYSTEMD_LAB_DIR=<dir>`` reuses a running
+one. Skipped with the reason when systemd-nspawn or sudo is missing (``make system-packages LAB_INIT=systemd``).
+``systemctl(host, *args)`` runs systemctl inside a host (CompletedProcess); ``unit_props(host, *names)`` →
+dict of ``systemctl show`` properties.
 """
 import json
 import os
@@ -220,6 +228,37 @@ class Lab:
         return int(got) if got.isdigit() else None
 
 
+def _lab_up(lab_dir, hosts, init="process"):
+    version = os.environ.get("GPUFLEET_TEST_LAB_SGLANG", "0.5.23")
+    up = subprocess.run([sys.executable, LAB_PY, "up", "--hosts", str(hosts), "--sglang-version", version,
+                         "--lab-dir", lab_dir, "--init", init], capture_output=True, text=True)
+    if up.returncode != 0:
+        subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True)
+        pytest.fail("lab up failed (rc %d):\n%s\n%s" % (up.returncode, up.stdout, up.stderr))
+
+
+def _lab_down(lab_dir):
+    subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True)
+    try:
+        os.rmdir(lab_dir)
+    except OSError:
+        pass
+
+
+def _session_lab(cls, reuse_env, lab_dir, hosts, init):
+    """Yield a ``cls`` for the lab named by ``reuse_env`` (left running), or for one brought up in ``lab_dir``
+    and taken down afterwards."""
+    reuse = os.environ.get(reuse_env)
+    if reuse:
+        yield cls(reuse)
+        return
+    _lab_up(lab_dir, hosts, init)
+    try:
+        yield cls(lab_dir)
+    finally:
+        _lab_down(lab_dir)
+
+
 def _lab_prerequisites():
     if os.geteuid() != 0:
         return "the lab needs root"
@@ -234,29 +273,33 @@ def lab():
     reason = _lab_prerequisites()
     if reason:
         pytest.skip(reason)
-    reuse = os.environ.get("GPUFLEET_TEST_LAB_DIR")
-    if reuse:
-        yield Lab(reuse)
-        return
-    lab_dir = "/tmp/gpufleet-test-lab-%d" % os.getpid()
-    hosts = int(os.environ.get("GPUFLEET_TEST_LAB_HOSTS", "4"))
-    version = os.environ.get("GPUFLEET_TEST_LAB_SGLANG", "0.5.23")
-    up = subprocess.run([sys.executable, LAB_PY, "up", "--hosts", str(hosts), "--sglang-version", version,
-                         "--lab-dir", lab_dir], capture_output=True, text=True)
-    if up.returncode != 0:
-        subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True)
-        pytest.fail("lab up failed (rc %d):\n%s\n%s" % (up.returncode, up.stdout, up.stderr))
-    try:
-        yield Lab(lab_dir)
-    finally:
-        subprocess.run([sys.executable, LAB_PY, "down", "--lab-dir", lab_dir], capture_output=True)
-        try:
-            os.rmdir(lab_dir)
-        except OSError:
-            pass
+    yield from _session_lab(Lab, "GPUFLEET_TEST_LAB_DIR", "/tmp/gpufleet-test-lab-%d" % os.getpid(),
+                            int(os.environ.get("GPUFLEET_TEST_LAB_HOSTS", "4")), "process")
+
+
+class SystemdLab(Lab):
+    def systemctl(self, host, *args):
+        return self.exec(host, ["systemctl", "--no-pager"] + list(args))
+
+    def unit_props(self, host, *names, unit="sglang.service"):
+        res = self.systemctl(host, "show", unit, *["--property=%s" % n for n in names])
+        return dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="session")
+def systemd_lab():
+    reason = _lab_prerequisites()
+    for tool in ("/usr/bin/systemd-nspawn", "/usr/bin/sudo"):
+        if not reason and not os.path.exists(tool):
+            reason = "%s missing (run make system-packages LAB_INIT=systemd)" % tool
+    if reason:
+        pytest.skip(reason)
+    yield from _session_lab(SystemdLab, "GPUFLEET_TEST_SYSTEMD_LAB_DIR",
+                            "/tmp/gpufleet-test-lab-systemd-%d" % os.getpid(),
+                            int(os.environ.get("GPUFLEET_TEST_SYSTEMD_LAB_HOSTS", "2")), "systemd")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if "lab" in getattr(item, "fixturenames", ()):
+        if {"lab", "systemd_lab"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.lab)

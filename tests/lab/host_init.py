@@ -328,14 +328,28 @@ class HostInit:
         self.stopping = True
 
     # main ---------------------------------------------------------------------------------------
-    def run(self, ready_fd):
+    def run(self, ready_fd, unit=False):
+        """Serve the host. ``unit``: run as a systemd service of a host whose PID 1 is systemd (--unit):
+        no /proc, /dev, hostname, network or sshd set-up (systemd-nspawn and the host's units do that);
+        only the /dev/nvidia* files, /proc/driver/nvidia, the monitor, gpusimd and the fault knobs."""
         h = self.host
-        setproctitle("gpufleet-lab-init %s (gpusimd) %s" % (h["name"], self.host_dir))
-        nsutil.mount("proc", "/proc", "proc", nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
-        setup_dev(self.host_dir, int(h.get("shm_mib", 1024)))
-        setup_proc_driver(h["name"])
-        socket.sethostname(h["name"])
-        setup_net(h["ip_cidr"])
+        if unit:
+            setproctitle("gpufleet-lab-gpusim %s --unit %s" % (h["name"], self.host_dir))
+            for name in NVIDIA_FILES:
+                path = os.path.join("/dev", name)
+                open(path, "a").close()
+                os.chmod(path, 0o666)
+            try:
+                setup_proc_driver(h["name"])
+            except OSError as exc:  # nspawn may forbid mounts below /proc; tools then see no /proc/driver
+                log("no /proc/driver/nvidia: %s" % exc)
+        else:
+            setproctitle("gpufleet-lab-init %s (gpusimd) %s" % (h["name"], self.host_dir))
+            nsutil.mount("proc", "/proc", "proc", nsutil.MS_NOSUID | nsutil.MS_NODEV | nsutil.MS_NOEXEC)
+            setup_dev(self.host_dir, int(h.get("shm_mib", 1024)))
+            setup_proc_driver(h["name"])
+            socket.sethostname(h["name"])
+            setup_net(h["ip_cidr"])
         self.gpusimd = Gpusimd(self.host_dir, float(h.get("release_delay_ms", 150)))
         signal.signal(signal.SIGCHLD, self._on_sigchld)
         signal.signal(signal.SIGHUP, self._on_sighup)
@@ -347,15 +361,20 @@ class HostInit:
         listener.listen(256)
         listener.setblocking(False)
         self.sel.register(listener, selectors.EVENT_READ, "listener")
-        self.start_sshd()
+        if not unit:
+            self.start_sshd()
         self.apply_faults()
         wakeup_r, wakeup_w = os.pipe()
         os.set_blocking(wakeup_w, False)
         os.set_blocking(wakeup_r, False)
         signal.set_wakeup_fd(wakeup_w)
         self.sel.register(wakeup_r, selectors.EVENT_READ, "wakeup")
-        os.write(ready_fd, b"ok\n")
-        os.close(ready_fd)
+        if ready_fd is None:
+            import systemd_host
+            systemd_host.notify_ready()
+        else:
+            os.write(ready_fd, b"ok\n")
+            os.close(ready_fd)
         log("host %s ready" % h["name"])
         while not self.stopping:
             if self.reload:
@@ -430,6 +449,9 @@ class HostInit:
 
 
 def main():
+    if sys.argv[1] == "--unit":  # gpufleet-lab-gpusim.service inside a systemd lab host (systemd_host.py)
+        HostInit(os.path.abspath(sys.argv[2])).run(None, unit=True)
+        return 0
     host_dir = os.path.abspath(sys.argv[1])
     with open(os.path.join(host_dir, "host.json")) as fh:
         host = json.load(fh)

@@ -136,7 +136,8 @@ def _render_unit(**overrides):
                           "trust-remote-code": True}, LAUNCHER, "0.0.0.0", 30000)
     values = dict(_sglang_launch_port=30000, _sglang_launch_host="0.0.0.0", sglang_service_user="sglang",
                   sglang_launch_chdir="/var/lib/gpufleet", sglang_launch_env={"NCCL_PROTO": "LL", "ODD": 'a "b" 5%'},
-                  sglang_launch_argv=argv, sglang_launch_stop_timeout_s=60, sglang_launch_systemd_restart="no",
+                  sglang_launch_argv=argv, _sglang_launch_stop_grace_s=60, sglang_launch_systemd_restart="no",
+                  sglang_launch_systemd_restart_sec=30,
                   sglang_launch_log_file="/var/lib/gpufleet/sglang.log")
     values.update(overrides)
     return argv, env.get_template("sglang.service.j2").render(**values)
@@ -149,9 +150,21 @@ def test_unit_template_execstart_round_trips_the_argv_and_carries_env_user_killm
     assert _systemd_split(exec_start[len("ExecStart="):]) == argv
     assert 'Environment="NCCL_PROTO=LL"' in lines
     assert 'Environment="ODD=a \\"b\\" 5%%"' in lines
-    assert "User=sglang" in lines and "KillMode=control-group" in lines and "TimeoutStopSec=60" in lines
+    assert "User=sglang" in lines and "KillMode=control-group" in lines and "TimeoutStopSec=60s" in lines
     assert "Restart=no" in lines and "SuccessExitStatus=137 SIGKILL" in lines
     assert "StandardOutput=append:/var/lib/gpufleet/sglang.log" in lines
+
+
+def test_unit_template_stop_timeout_is_the_stop_grace_and_restart_policy_is_bounded():
+    # one grace value (sglang_stop_grace_s) drives TimeoutStopSec=; fractions stay, whole numbers lose ".0"
+    _, unit = _render_unit(_sglang_launch_stop_grace_s=12.5, sglang_launch_systemd_restart="on-failure",
+                           sglang_launch_systemd_restart_sec=45)
+    lines = unit.splitlines()
+    assert "TimeoutStopSec=12.5s" in lines
+    assert "Restart=on-failure" in lines and "RestartSec=45" in lines
+    assert "StartLimitBurst=3" in lines and "StartLimitIntervalSec=600" in lines
+    _, unit = _render_unit(_sglang_launch_stop_grace_s="90")
+    assert "TimeoutStopSec=90s" in unit.splitlines()
 
 
 def test_unit_template_with_an_api_key_names_the_env_file_and_never_holds_the_key():

@@ -1,0 +1,236 @@
+"""restart.yml with ``sglang_launch_method: systemd`` on lab hosts whose PID 1 is Debian's systemd (issue 13).
+
+The ``systemd_lab`` hosts (tests/lab/systemd_host.py) are reached as the non-root login user ``gpufleet`` with
+sudo; the unit runs as ``sglang``. The scenarios the process method has in test_restart/test_rollback/
+test_preflight/test_api_key run here through a real systemd: happy path and second run, check mode, a crash
+on start rolled back, an orphaned worker taken by the unit's cgroup, a foreign GPU holder refused in
+preflight, the API key. Assertions read the host itself (``systemctl show``, /proc, the unit file, HTTP).
+"""
+import os
+import shlex
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.lab, pytest.mark.lab_only_once]
+
+PLAYBOOK = "playbooks/restart.yml"
+GRACE_S = 10
+FAST = {"sglang_stop_grace_s": GRACE_S, "sglang_launch_ready_slice_s": 5}
+UNIT_PATH = "/etc/systemd/system/sglang.service"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LAB_TOOLS = os.path.join(ROOT, "tests", "lab")
+
+
+def stdout_of(runner):
+    with open(runner.stdout.name) as handle:
+        return handle.read()
+
+
+def main_pid(lab, host):
+    return int(lab.unit_props(host, "MainPID")["MainPID"])
+
+
+def proc_field(lab, host, pid, path):
+    res = lab.exec(host, ["cat", "/proc/%d/%s" % (pid, path)])
+    return res.stdout if res.returncode == 0 else None
+
+
+def sglang_pids(lab, host):
+    """Pids (host namespace) of every process whose argv[0] starts with sglang:: or runs sglang.launch_server."""
+    res = lab.exec(host, ["ps", "-eo", "pid=,args="], check=True)
+    pids = []
+    for line in res.stdout.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if args.startswith("sglang::") or "sglang.launch_server" in args:
+            pids.append(int(pid))
+    return pids
+
+
+def in_unit_cgroup(lab, host, pid):
+    text = proc_field(lab, host, pid, "cgroup") or ""
+    return "/system.slice/sglang.service" in text
+
+
+def restart(lab, limit=None, **extra):
+    return lab.run_playbook(PLAYBOOK, extravars=dict(FAST, **extra), limit=limit)
+
+
+def ensure_serving(lab, host):
+    props = lab.unit_props(host, "ActiveState", "MainPID")
+    if props.get("ActiveState") != "active" or lab.wait_http(host, timeout_s=2) != 200:
+        runner = restart(lab, limit=host)
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+    return main_pid(lab, host)
+
+
+def test_restart_twice_as_login_user_unit_enabled_one_grace_workers_in_the_unit(systemd_lab):
+    lab = systemd_lab
+    assert lab.group_vars["ansible_user"] == "gpufleet" and lab.group_vars["sglang_launch_method"] == "systemd"
+    who = lab.run_module("ansible.builtin.command", "id -u")
+    assert {d["res"]["stdout"] for d in lab.events(who, "runner_on_ok")} == {"1001"}  # not root
+    first = restart(lab)
+    assert first.status == "successful", stdout_of(first)[-4000:]
+    pids = {}
+    for host in lab.hosts:
+        props = lab.unit_props(host, "ActiveState", "MainPID", "User", "UnitFileState", "TimeoutStopUSec",
+                               "Restart", "KillMode", "NRestarts")
+        assert props["ActiveState"] == "active" and props["User"] == "sglang"
+        assert props["UnitFileState"] == "enabled"  # sglang_launch_enable defaults to true
+        assert props["TimeoutStopUSec"] == "%ds" % GRACE_S  # the one grace, sglang_stop_grace_s
+        assert props["Restart"] == "on-failure" and props["KillMode"] == "control-group"
+        pid = int(props["MainPID"])
+        status = proc_field(lab, host, pid, "status")
+        assert "\nUid:\t%s" % lab.exec(host, ["id", "-u", "sglang"]).stdout.strip() in status
+        workers = sglang_pids(lab, host)
+        assert len(workers) >= 10 and all(in_unit_cgroup(lab, host, w) for w in workers), workers
+        assert lab.wait_http(host, timeout_s=5) == 200
+        pids[host] = (pid, workers)
+    second = restart(lab)
+    assert second.status == "successful", stdout_of(second)[-4000:]
+    summary = stdout_of(second).split("GPUFLEET SUMMARY", 1)[1].splitlines()
+    for host in lab.hosts:
+        old_pid, old_workers = pids[host]
+        new_pid = main_pid(lab, host)
+        assert new_pid not in (0, old_pid)
+        assert not set(old_workers) & set(sglang_pids(lab, host))  # the old tree is gone, systemd stopped it
+        journal = lab.exec(host, ["journalctl", "-u", "sglang", "--no-pager", "-o", "cat"]).stdout
+        assert "Stopping sglang.service" in journal or "Stopped sglang.service" in journal
+        [row] = [line.split() for line in summary if line.startswith(host + " ")]
+        assert row[1] == "ok" and row[-2:] == [str(pids[host][0]), str(new_pid)]  # old_pid, new_pid
+
+
+def test_check_mode_changes_nothing(systemd_lab):
+    lab = systemd_lab
+    host = lab.hosts[0]
+    pid = ensure_serving(lab, host)
+    unit_before = lab.exec(host, ["sha256sum", UNIT_PATH], check=True).stdout
+    runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host, check=True)
+    assert runner.status == "successful", stdout_of(runner)[-4000:]
+    assert main_pid(lab, host) == pid
+    assert lab.exec(host, ["sha256sum", UNIT_PATH], check=True).stdout == unit_before
+    assert lab.wait_http(host, timeout_s=5) == 200
+
+
+def test_crash_on_start_rolls_back_through_systemd_with_journal_lines_and_no_restart_fight(systemd_lab):
+    lab = systemd_lab
+    host = lab.hosts[0]
+    old_pid = ensure_serving(lab, host)
+    args = dict(lab.host_vars(host)["sglang_launch_args"], **{"max-running-requests": 77})
+    lab.fault(host, crash_with_arg="77")
+    try:
+        runner = restart(lab, limit=host, sglang_launch_args=args)
+    finally:
+        lab.clear_faults(host)
+    out = stdout_of(runner)
+    assert runner.status == "failed"
+    assert "Journal of sglang.service" in out, out[-4000:]
+    new_pid = main_pid(lab, host)
+    assert new_pid not in (0, old_pid)
+    argv = proc_field(lab, host, new_pid, "cmdline").replace("\0", " ")
+    assert "--max-running-requests" not in argv  # the previous launch came back, not the crashing one
+    assert lab.wait_http(host, timeout_s=30) == 200
+    props = lab.unit_props(host, "ActiveState", "NRestarts", "Restart")
+    # Restart=on-failure never restarted the crashing server: rollback's stop cancelled the pending restart
+    assert props["ActiveState"] == "active" and props["NRestarts"] == "0"
+    time.sleep(2)
+    assert main_pid(lab, host) == new_pid
+
+
+def test_orphaned_worker_is_taken_by_the_units_cgroup(systemd_lab):
+    lab = systemd_lab
+    host = lab.hosts[-1]
+    ensure_serving(lab, host)
+    # The worker escapes while the server runs (it was started, say, by Restart=on-failure between runs):
+    # restart the unit by hand with the knob on. restart.yml itself would refuse such a server in verify.
+    lab.fault(host, orphan_worker=True)
+    try:
+        assert lab.systemctl(host, "restart", "sglang.service").returncode == 0
+        assert lab.wait_http(host, timeout_s=60) == 200
+    finally:
+        lab.clear_faults(host)
+    orphans = [p for p in sglang_pids(lab, host)
+               if (proc_field(lab, host, p, "stat") or ") ? 0").split(") ", 1)[1].split()[1] == "1"
+               and "scheduler_TP" in (proc_field(lab, host, p, "cmdline") or "")]
+    assert orphans, "the orphan_worker knob left no worker re-parented to PID 1"
+    assert all(in_unit_cgroup(lab, host, p) for p in orphans)
+    runner = restart(lab, limit=host)
+    assert runner.status == "successful", stdout_of(runner)[-4000:]
+    assert not set(orphans) & set(sglang_pids(lab, host))  # KillMode=control-group took it with the unit
+    assert lab.wait_http(host, timeout_s=5) == 200
+
+
+HOLDER = ("import os, sys, time\n"
+          "sys.path.insert(0, sys.argv[3])\n"
+          "import gpusim\n"
+          "fd = os.open('/dev/nvidia%d' % int(sys.argv[1]), os.O_RDWR)\n"
+          "sock = gpusim.hold(int(sys.argv[1]), int(sys.argv[2]))\n"
+          "time.sleep(600)\n")
+
+
+def test_foreign_gpu_holder_is_refused_in_preflight_and_the_unit_keeps_serving(systemd_lab):
+    lab = systemd_lab
+    host = lab.hosts[-1]
+    pid = ensure_serving(lab, host)
+    python = lab.host_vars(host)["sglang_python"]
+    script = "setsid %s -c %s 3 20000 %s </dev/null >/dev/null 2>&1 & echo $!" % (
+        python, shlex.quote(HOLDER), shlex.quote(LAB_TOOLS))
+    holder = int(lab.exec(host, ["sh", "-c", script], check=True).stdout.split()[-1])
+    try:
+        deadline = time.time() + 10
+        while holder not in [a["pid"] for a in lab.gpus(host)[3]["apps"]]:
+            assert time.time() < deadline, "holder did not register"
+            time.sleep(0.1)
+        runner = restart(lab, limit=host)
+        out = stdout_of(runner)
+        assert runner.status == "failed"
+        assert "pid %d (user root) holds 20000 MiB on GPU 3" % holder in out, out[-4000:]
+        assert main_pid(lab, host) == pid and lab.wait_http(host, timeout_s=5) == 200
+    finally:
+        lab.exec(host, ["kill", "-KILL", str(holder)])
+
+
+def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_demands_it(systemd_lab):
+    lab = systemd_lab
+    host = lab.hosts[0]
+    key = "sk-systemd-lab-7c1e"
+    state = lab.host_vars(host)["sglang_state_dir"]
+    runner = restart(lab, limit=host, sglang_api_key=key)
+    try:
+        out = stdout_of(runner)
+        assert runner.status == "successful", out[-4000:]
+        assert key not in out
+        unit = lab.exec(host, ["cat", UNIT_PATH], check=True).stdout
+        assert key not in unit and "EnvironmentFile=%s/sglang-api-key.env" % state in unit
+        st = lab.exec(host, ["stat", "-c", "%a %U", "%s/sglang-api-key.env" % state], check=True).stdout.split()
+        assert st == ["600", "root"]
+        code = ("import urllib.request, urllib.error, sys\n"
+                "req = urllib.request.Request('http://127.0.0.1:30000/v1/models', headers=dict(sys.argv[1:2] and "
+                "[('Authorization', 'Bearer ' + sys.argv[1])]))\n"
+                "try:\n    print(urllib.request.urlopen(req, timeout=5).status)\n"
+                "except urllib.error.HTTPError as e:\n    print(e.code)\n")
+        python = lab.host_vars(host)["sglang_python"]
+        assert lab.exec(host, [python, "-c", code]).stdout.strip() == "401"
+        assert lab.exec(host, [python, "-c", code, key]).stdout.strip() == "200"
+    finally:
+        back = restart(lab, limit=host)  # without the key: the file goes, the server takes no key
+        assert back.status == "successful", stdout_of(back)[-4000:]
+    assert lab.exec(host, ["test", "-e", "%s/sglang-api-key.env" % state]).returncode == 1
+
+
+def test_root_login_runs_no_sudo_and_the_unit_still_runs_as_the_service_user(systemd_lab):
+    lab = systemd_lab
+    host = lab.hosts[-1]
+    old_pid = ensure_serving(lab, host)
+
+    def sudo_lines():
+        res = lab.exec(host, ["journalctl", "_COMM=sudo", "--no-pager", "-o", "cat"], check=True)
+        return [line for line in res.stdout.splitlines() if line.strip()]
+
+    before = sudo_lines()
+    assert before, "the login user's runs used sudo (the journal shows none: is journald logging?)"
+    runner = restart(lab, limit=host, ansible_user="root")
+    assert runner.status == "successful", stdout_of(runner)[-4000:]
+    assert sudo_lines() == before  # sglang_launch_become, sglang_stop_become, ... are all false for root
+    props = lab.unit_props(host, "ActiveState", "MainPID", "User")
+    assert props["ActiveState"] == "active" and props["User"] == "sglang" and int(props["MainPID"]) != old_pid
