@@ -298,7 +298,8 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_stats(self, stats):
         if self._check is not None:
-            if self._prints():
+            # one table even when the callback is both adjacent to the playbooks and enabled by name
+            if self._prints() and _first_copy(self, "stats", stats):
                 self._display.banner("GPUFLEET CHECK")
                 self._display.display(_load_check_table()(self._check))
             return

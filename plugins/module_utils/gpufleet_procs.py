@@ -164,6 +164,43 @@ def holder_kind(paths, name, gpu_indices):
     return "shared_only"
 
 
+# SGLang takes its API keys only on the command line (--api-key, --admin-api-key; FIELD-NOTES), so every process
+# listing this project returns would carry them into task results, AWX job events and -v output.
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
+REDACTED = "********"
+_SECRET_RE = re.compile(r"(--(?:admin-)?api-key)(=|\s+)(\S+)")
+
+
+def redact_argv(argv):
+    """``argv`` (list of str) with the value of each secret flag (:data:`SECRET_FLAGS`, as ``--flag VALUE`` or
+    ``--flag=VALUE``) replaced by ``********``; other arguments unchanged. None stays None."""
+    if argv is None:
+        return None
+    out, hide_next = [], False
+    for arg in argv:
+        if hide_next:
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        flag, eq, _value = arg.partition("=")
+        if flag in SECRET_FLAGS:
+            if eq:
+                out.append(flag + "=" + REDACTED)
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+def redact_text(text):
+    """A command line joined into one str, with secret flag values replaced as :func:`redact_argv` does."""
+    if not text:
+        return text
+    return _SECRET_RE.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
+
+
 def process_info(pid):
     """Describe one process, or return None when it no longer exists (or is not in our PID namespace).
 
@@ -184,7 +221,7 @@ def process_info(pid):
     getters = (
         ("ppid", proc.ppid),
         ("name", lambda: clean_text(proc.name())),
-        ("cmdline", lambda: [clean_text(a) for a in proc.cmdline()]),
+        ("cmdline", lambda: redact_argv([clean_text(a) for a in proc.cmdline()])),
         ("user", lambda: clean_text(proc.username())),
         ("create_time", proc.create_time),
     )
@@ -214,7 +251,7 @@ def cmdline_text(pid, proc_root="/proc"):
             raw = handle.read()
     except OSError:
         return ""
-    return raw.replace(b"\x00", b" ").strip().decode("utf-8", "backslashreplace")
+    return redact_text(raw.replace(b"\x00", b" ").strip().decode("utf-8", "backslashreplace"))
 
 
 def describe_pids(pids):

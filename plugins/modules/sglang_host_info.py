@@ -316,7 +316,7 @@ import pwd
 import stat
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import KNOWN_MONITORS
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import KNOWN_MONITORS, redact_argv
 
 try:
     import psutil
@@ -664,7 +664,7 @@ def listeners_on(port, host, managed_pid):
         cmdline = None
         if conn.pid is not None:
             try:
-                cmdline = psutil.Process(conn.pid).cmdline()
+                cmdline = redact_argv(psutil.Process(conn.pid).cmdline())
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 cmdline = None
         out.append({"address": conn.laddr[0], "pid": conn.pid, "cmdline": cmdline,

@@ -287,6 +287,7 @@ except ImportError:
     PSUTIL_ERROR = traceback.format_exc()
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import redact_argv
 
 PID_REUSE_SLACK_S = 5.0
 REAPER_COMM = b"gpufleet-reaper"
@@ -537,7 +538,7 @@ def _describe_pid(pid):
     """(user, cmdline) of ``pid`` via psutil; ("?", "?") when it cannot be read."""
     try:
         proc = psutil.Process(pid)
-        cmdline = " ".join(proc.cmdline()) or "[%s]" % proc.name()
+        cmdline = " ".join(redact_argv(proc.cmdline())) or "[%s]" % proc.name()
         return proc.username(), cmdline
     except (psutil.Error, OSError):
         return "?", "?"

@@ -252,6 +252,7 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import redact_argv
 
 try:
     import psutil
@@ -465,7 +466,7 @@ def snapshot(proc_root="/proc"):
             sid = os.getsid(pid)
         except OSError:
             continue
-        cmdline = " ".join(argv) if argv else "[%s]" % (info.get("name") or "")
+        cmdline = " ".join(redact_argv(argv)) if argv else "[%s]" % (info.get("name") or "")
         uids = info.get("uids")
         procs.append(Proc(pid, info.get("ppid") or 0, pgid, sid, uids.real if uids else -1,
                           info.get("username") or "", cmdline, info.get("create_time") or 0.0, argv=argv,

@@ -62,8 +62,12 @@ def served(lab):
         os.makedirs(os.path.join(lab.host_dirs[host], "textfile"), exist_ok=True)
     yield hosts
     lab.clear_faults()
-    again = lab.run_playbook("playbooks/restart.yml", extravars={"gpufleet_serial": len(lab.hosts)})
-    assert again.status == "successful", stdout_of(again)[-3000:]
+    # Leave the lab as the next module expects it: the NCCL block in place (a test removed it), no server running
+    # (later modules start their own and wait for GPU memory to be free).
+    patched = lab.run_playbook("playbooks/patch.yml")
+    assert patched.status == "successful", stdout_of(patched)[-3000:]
+    stopped = lab.run_playbook("playbooks/restart.yml", extravars={"gpufleet_serial": len(lab.hosts)}, tags="stop,wait")
+    assert stopped.status == "successful", stdout_of(stopped)[-3000:]
     for host in lab.hosts:
         shutil.rmtree(os.path.join(lab.host_dirs[host], "textfile"), ignore_errors=True)
 

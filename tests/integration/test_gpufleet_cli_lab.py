@@ -15,6 +15,15 @@ MAX_LINES_BEFORE_TABLE = 120
 pytestmark = pytest.mark.lab
 
 
+@pytest.fixture(scope="module", autouse=True)
+def leave_the_hosts_idle(lab):
+    """The restarts here leave servers running; later modules start their own and wait for free GPU memory."""
+    yield
+    stopped = lab.run_playbook("playbooks/restart.yml", extravars={"gpufleet_serial": len(lab.hosts)},
+                               tags="stop,wait")
+    assert stopped.status == "successful"
+
+
 def gpufleet(lab, tmp_path, *args, timeout=600):
     """Run ``python -m gpufleet_cli`` from an unrelated directory, as a user would run .venv/bin/gpufleet."""
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), PATH=BIN + ":" + os.environ.get("PATH", ""))
