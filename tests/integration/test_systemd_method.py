@@ -205,10 +205,10 @@ def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_dema
         st = lab.exec(host, ["stat", "-c", "%a %U", "%s/sglang-api-key.env" % state], check=True).stdout.split()
         assert st == ["600", "root"]
         code = ("import urllib.request, urllib.error, sys\n"
-                "req = urllib.request.Request('http://127.0.0.1:30000/v1/models', headers=dict(sys.argv[1:2] and "
+                "req = urllib.request.Request('http://%s:30000/v1/models', headers=dict(sys.argv[1:2] and "
                 "[('Authorization', 'Bearer ' + sys.argv[1])]))\n"
                 "try:\n    print(urllib.request.urlopen(req, timeout=5).status)\n"
-                "except urllib.error.HTTPError as e:\n    print(e.code)\n")
+                "except urllib.error.HTTPError as e:\n    print(e.code)\n") % lab.host_vars(host).get("sglang_host", "127.0.0.1")
         python = lab.host_vars(host)["sglang_python"]
         assert lab.exec(host, [python, "-c", code]).stdout.strip() == "401"
         assert lab.exec(host, [python, "-c", code, key]).stdout.strip() == "200"
