@@ -156,6 +156,25 @@ def run_spec(args, project, now=None):
     return spec, run_dir, report_dir
 
 
+def write_extravars(run_dir, extravars):
+    """Write ``extravars`` (dict) to ``<run_dir>/env/extravars`` as JSON, mode 0600 in a 0700 directory.
+
+    ansible-runner passes that file as ``-e @<path>``, so the values (API keys, survey answers) never appear on
+    ``ansible-playbook``'s command line, where ``ps`` shows them to every user of the controller. ansible-runner
+    would put an ``extravars=`` dict there verbatim. Returns the path. Raises OSError when the file cannot be
+    written.
+    """
+    env_dir = os.path.join(run_dir, "env")
+    os.makedirs(env_dir, mode=0o700, exist_ok=True)
+    os.chmod(env_dir, 0o700)
+    path = os.path.join(env_dir, "extravars")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(extravars or {}, fh)
+    os.chmod(path, 0o600)
+    return path
+
+
 def _cell(value, fmt=None):
     if value is None or value == "":
         return "-"
@@ -236,6 +255,7 @@ def run(args, out=None, err=None):
         raise SystemExit("gpufleet: --project-dir %s is not a gpufleet checkout" % args.project_dir)
     spec, run_dir, report_dir = run_spec(args, project)
     os.makedirs(report_dir, exist_ok=True)
+    write_extravars(run_dir, spec.pop("extravars"))
     progress = FleetProgress(default_phase=DEFAULT_PHASE[args.command])
     lock = threading.Lock()
     shown = {"n": 0}

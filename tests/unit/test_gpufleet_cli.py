@@ -229,3 +229,23 @@ def test_console_entry_point_answers_help():
     assert proc.returncode == 0
     for option in ("--inventory", "--limit", "--serial", "--check", "--json"):
         assert option in proc.stdout
+
+
+def test_extra_vars_reach_ansible_playbook_through_a_0600_file_not_its_argv(tmp_path):
+    """A secret given with -e is in env/extravars (0600, dir 0700) and absent from ansible-playbook's argv."""
+    from ansible_runner.config.runner import RunnerConfig
+
+    secret = "sk-gpufleet-test-7731"
+    spec, run_dir, _ = spec_of(["restart", "-i", "inventory/example", "-e", "sglang_api_key=" + secret,
+                                "--artifacts-dir", str(tmp_path)])
+    path = cli.write_extravars(run_dir, spec.pop("extravars"))
+    assert path == os.path.join(run_dir, "env", "extravars")
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+    with open(path) as fh:
+        assert json.load(fh) == {"sglang_api_key": secret}
+    config = RunnerConfig(**{k: v for k, v in spec.items() if k not in ("quiet",)})
+    config.prepare()
+    argv = config.command
+    assert "@" + path in argv and argv[argv.index("@" + path) - 1] == "-e"
+    assert not any(secret in a for a in argv)
