@@ -229,6 +229,12 @@ def test_awx_configuration_parses_lints_clean_and_names_real_playbooks(tools, tm
     assert sched["unified_job_template"] == "{{ _p }} check"
     awx_vars = yaml.safe_load(open(os.path.join(ROOT, "awx", "vars.yml")))
     assert "FREQ=HOURLY" in awx_vars["gpufleet_awx_check_rrule"]
+    # AD_HOC_COMMANDS is global: gpufleet adds its modules to the controller's current list, never replaces it
+    settings = [t for t in tasks.values() if "awx.awx.settings" in t and t["awx.awx.settings"]["name"] == "AD_HOC_COMMANDS"]
+    assert len(settings) == 1 and "_gpufleet_awx_ad_hoc_now | union(" in settings[0]["awx.awx.settings"]["value"]
+    assert "'settings/jobs'" in tasks["Read the ad-hoc modules AWX allows now (settings/jobs)"]["ansible.builtin.set_fact"][
+        "_gpufleet_awx_ad_hoc_now"]
+    assert all(m.startswith("gpufleet.fleet.") for m in awx_vars["gpufleet_awx_ad_hoc_commands"])
     for module in awx_vars["gpufleet_awx_ad_hoc_commands"]:
         if module.startswith("gpufleet.fleet."):
             assert os.path.exists(os.path.join(ROOT, "plugins", "modules", module.split(".")[-1] + ".py"))
