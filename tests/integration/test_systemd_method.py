@@ -234,3 +234,14 @@ def test_root_login_runs_no_sudo_and_the_unit_still_runs_as_the_service_user(sys
     assert sudo_lines() == before  # sglang_launch_become, sglang_stop_become, ... are all false for root
     props = lab.unit_props(host, "ActiveState", "MainPID", "User")
     assert props["ActiveState"] == "active" and props["User"] == "sglang" and int(props["MainPID"]) != old_pid
+    # check.yml as the same non-root login user, no -e fleet_check_become: the default follows the launch method
+    # (systemd + non-root login -> become), so the sglang user's worker environments are read, not reported missing.
+    check = lab.run_playbook("playbooks/check.yml", extravars={})
+    verdicts = {}
+    for ev in check.events:
+        if ev.get("event") == "playbook_on_stats":
+            verdicts = ((ev.get("event_data") or {}).get("artifact_data") or {}).get("gpufleet_check") or {}
+    assert set(verdicts) == set(lab.hosts), stdout_of(check)[-3000:]
+    for host in lab.hosts:
+        codes = {r["code"] for r in verdicts[host]["reasons"]}
+        assert not codes & {"nccl_worker_env", "nccl_check_failed", "not_serving"}, verdicts[host]
