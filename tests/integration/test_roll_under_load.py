@@ -107,3 +107,17 @@ def test_a_failed_restart_puts_the_old_server_back_into_the_pool(lab, router):
     entry = pool(router["url"]).get(worker_url(lab, host))
     assert entry and entry[1] is True, pool(router["url"])
     assert server_pid(lab, host) not in (None, old_pid)
+
+
+def test_a_loopback_worker_url_is_refused_before_the_host_leaves_the_pool(lab, router):
+    """gpufleet_router_worker_url on 127.0.0.1 names the router's own machine: refused, nothing stopped or removed."""
+    host = router["hosts"][0]
+    pid = server_pid(lab, host)
+    before = pool(router["url"])
+    runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(FAST, gpufleet_router_url=router["url"],
+                                                                   gpufleet_router_worker_url="http://127.0.0.1:30000"))
+    assert runner.status == "failed"
+    out = stdout_of(runner)
+    assert "not a loopback" in out and "Nothing was changed" in out, out[-3000:]
+    assert server_pid(lab, host) == pid and lab.wait_http(host, timeout_s=2) == 200
+    assert pool(router["url"]) == before
