@@ -85,7 +85,8 @@ GROUPS = {
     "batch8": ["batch8_fast_host_downtime_ratio"],
     "restart64": ["restart_all_at_once_64_vs_1_ratio"],
 }
-ORDER = ["single", "check", "scaling_info", "checkplay", "batch8", "restart64"]
+# checkplay last: after restart64 every host serves, as in a real fleet.
+ORDER = ["single", "check", "scaling_info", "batch8", "restart64", "checkplay"]
 # Groups whose ratio needs the single-host downtime of the same session (paired).
 NEEDS_SINGLE = {"batch8", "restart64"}
 
@@ -614,13 +615,17 @@ class Bench:
             SMI_QUERY, self.opts.forks)
         if not pairs:
             why = "no pair where both sides succeeded"
-        self.keys["check_s_64"] = stats([a["wall_s"] for a, _ in pairs], "s", cmd_a, why)
-        self.keys["raw_s_64"] = stats([r["wall_s"] for _, r in pairs], "s", cmd_r, why)
-        self.keys["check_vs_raw_ratio_64"] = stats([a["wall_s"] / r["wall_s"] for a, r in pairs], "×",
+        if why:
+            pairs_used = []
+        else:
+            pairs_used = pairs
+        self.keys["check_s_64"] = stats([a["wall_s"] for a, _ in pairs_used], "s", cmd_a, why)
+        self.keys["raw_s_64"] = stats([r["wall_s"] for _, r in pairs_used], "s", cmd_r, why)
+        self.keys["check_vs_raw_ratio_64"] = stats([a["wall_s"] / r["wall_s"] for a, r in pairs_used], "×",
                                                    cmd_a + " vs " + cmd_r, why)
-        self.keys["controller_cpu_ms_per_host_check"] = stats([a["cpu_s"] * 1000 / n for a, _ in pairs], "ms",
+        self.keys["controller_cpu_ms_per_host_check"] = stats([a["cpu_s"] * 1000 / n for a, _ in pairs_used], "ms",
                                                               cmd_a, why, digits=1)
-        self.keys["controller_cpu_ms_per_host_raw"] = stats([r["cpu_s"] * 1000 / n for _, r in pairs], "ms",
+        self.keys["controller_cpu_ms_per_host_raw"] = stats([r["cpu_s"] * 1000 / n for _, r in pairs_used], "ms",
                                                             cmd_r, why, digits=1)
         self._scale_points = {n: pairs}
 
@@ -639,15 +644,20 @@ class Bench:
 
     def g_checkplay(self):
         hosts = self.lab.hosts[:64]
+        serving = sum(1 for h in hosts if self._health_ok(h))
         argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", self.lab.inventory,
-                "playbooks/check.yml"]
+                "playbooks/check.yml", "-e", "gpufleet_check_fail_on=never"]
         runs = [self._timed(argv) for _ in range(max(1, min(self.opts.runs, 3)))]
         for i, r in enumerate(runs):
             progress("check.yml run %d: %.1f s%s" % (i + 1, r["wall_s"], "" if r["ok"] else " FAILED"))
-        why = None if len(hosts) == 64 else "lab has %d hosts, not 64" % len(hosts)
-        self.keys["checkplay_s_64"] = stats([r["wall_s"] for r in runs if r["ok"]], "s",
-                                            "ansible-playbook -i <lab> playbooks/check.yml", why or (
-                                                None if any(r["ok"] for r in runs) else "check.yml failed"))
+        why = None if any(r["ok"] for r in runs) else "check.yml failed"
+        if len(hosts) != 64:
+            why = "lab has %d hosts, not 64" % len(hosts)
+        e = stats([r["wall_s"] for r in runs if r["ok"]] if why is None else [], "s",
+                  " ".join(["ansible-playbook -i <lab>"] + argv[3:]), why)
+        if e["value"] is not None:
+            e["note"] = "%d of %d hosts serving during the runs" % (serving, len(hosts))
+        self.keys["checkplay_s_64"] = e
 
     def _batch_point(self, n, res):
         d = [v["downtime_s"] for v in res["hosts"].values() if v["downtime_s"] is not None]
