@@ -555,7 +555,9 @@ class Bench:
             return self._ssh
         argv = [os.path.join(os.path.dirname(sys.executable), "ansible"), "-i", self.lab.inventory, "gpu_hosts",
                 "-m", "ansible.builtin.ping", "-vvv"]
-        proc = subprocess.run(argv, capture_output=True, text=True, env=self.env, cwd=ROOT)
+        # linear: the ssh connection plugin prints its argv (a mitogen strategy default would not)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=dict(self.env, ANSIBLE_STRATEGY="linear"),
+                              cwd=ROOT)
         cmds = {}
         for line in proc.stdout.splitlines():
             m = re.search(r"<([^>]+)> SSH: EXEC (ssh .*)$", line)
