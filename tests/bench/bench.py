@@ -329,8 +329,7 @@ def plot_series(name, series, path):
 # ---------------------------------------------------------------------------------------------------------
 # prober
 
-def _probe_host(url, period_s, stop, out, timeout_s):
-    samples = []
+def _probe_host(url, period_s, stop, samples, timeout_s):
     while not stop.is_set():
         t0 = time.time()
         try:
@@ -342,23 +341,21 @@ def _probe_host(url, period_s, stop, out, timeout_s):
         rest = period_s - (time.time() - t0)
         if rest > 0:
             stop.wait(rest)
-    out.put((url, samples))
 
 
-def _prober_main(urls, period_s, stop, q):
-    # The prober is its own process (no GIL shared with the controller); one thread per URL.
-    import queue
-    local = queue.Queue()
-    threads = [threading.Thread(target=_probe_host, args=(u, period_s, stop, local, max(period_s * 5, 0.5)),
+def _prober_main(urls, period_s, stop, ready, q):
+    # The prober is its own process (no GIL shared with the controller); one thread per URL. ``ready`` is set
+    # once every URL has its first sample.
+    result = {u: [] for u in urls}
+    threads = [threading.Thread(target=_probe_host, args=(u, period_s, stop, result[u], max(period_s * 5, 0.5)),
                                 daemon=True) for u in urls]
     for t in threads:
         t.start()
+    while not all(result.values()) and not stop.is_set():
+        time.sleep(0.01)
+    ready.set()
     for t in threads:
         t.join()
-    result = {}
-    while not local.empty():
-        u, s = local.get()
-        result[u] = s
     q.put(result)
 
 
@@ -372,12 +369,17 @@ class Prober:
         self.samples = {}
 
     def __enter__(self):
-        ctx = multiprocessing.get_context("fork")
+        # spawn: a forked child would inherit the controller's descriptors (listening sockets, pipes)
+        ctx = multiprocessing.get_context("spawn")
         self._stop = ctx.Event()
+        self._ready = ctx.Event()
         self._q = ctx.Queue()
         self._proc = ctx.Process(target=_prober_main, args=(list(self.urls.values()), self.period_s, self._stop,
-                                                            self._q), daemon=True)
+                                                            self._ready, self._q), daemon=True)
         self._proc.start()
+        if not self._ready.wait(60):
+            self._stop.set()
+            raise RuntimeError("prober did not start within 60 s")
         time.sleep(max(0.3, self.period_s * 3))  # good samples before the restart starts
         return self
 

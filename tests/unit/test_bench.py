@@ -200,3 +200,44 @@ def test_device_cli_needs_exactly_one_mode():
         assert p.returncode == 2 and "exactly one of --out" in p.stderr
     p = subprocess.run([sys.executable, script, "--out", "/tmp/x", "--mib", "10"], capture_output=True, text=True)
     assert p.returncode == 2 and "--mib" in p.stderr
+
+
+def test_prober_sees_a_server_go_away_and_come_back():
+    """The prober process against a local HTTP server that is down for about 0.5 s: one gap of about that
+    length (loose bounds: the machine may be loaded)."""
+    import http.server
+    import socket
+    import threading
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def serve():
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
+        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return srv
+
+    srv = serve()
+    with bench.Prober({"h": "http://127.0.0.1:%d/health" % port}, 15) as p:
+        t_down = time.time()
+        srv.shutdown()
+        srv.server_close()
+        time.sleep(0.5)
+        srv = serve()
+        t_up = time.time()
+    srv.shutdown()
+    srv.server_close()
+    d = bench.downtime_from_samples(p.samples["h"])
+    assert d["gaps"] == 1 and d["open"] is None
+    assert d["last_ok"] <= t_down and d["first_ok_after"] >= t_up
+    assert 0.45 <= d["downtime_s"] < 3.0
+    assert len(p.samples["h"]) > 20
