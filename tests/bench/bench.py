@@ -639,7 +639,7 @@ class Bench:
         for n in self.opts.scale_hosts:
             if n > len(self.lab.hosts):
                 continue
-            pairs = prev.get(n) or self._pairs(self.lab.hosts[:n], max(1, min(self.opts.runs, 3)))
+            pairs = prev.get(n) or self._pairs(self.lab.hosts[:n], max(1, min(self.opts.runs, 2)))
             if pairs:
                 points[str(n)] = {"ansible nvidia_gpu_info": round(statistics.median(a["wall_s"] for a, _ in pairs), 3),
                                   "raw ssh nvidia-smi": round(statistics.median(r["wall_s"] for _, r in pairs), 3)}
@@ -651,7 +651,7 @@ class Bench:
         serving = sum(1 for h in hosts if self._health_ok(h))
         argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", self.lab.inventory,
                 "playbooks/check.yml", "-e", "gpufleet_check_fail_on=never"]
-        runs = [self._timed(argv) for _ in range(max(1, min(self.opts.runs, 3)))]
+        runs = [self._timed(argv) for _ in range(max(1, min(self.opts.runs, 2)))]
         for i, r in enumerate(runs):
             progress("check.yml run %d: %.1f s%s" % (i + 1, r["wall_s"], "" if r["ok"] else " FAILED"))
         why = None if any(r["ok"] for r in runs) else "check.yml failed"
@@ -761,7 +761,7 @@ def select_groups(only):
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", help="comma-separated keys or groups (%s)" % ", ".join(ORDER))
-    ap.add_argument("--runs", type=int, default=5, help="runs per measurement (default 5; ratios: pairs)")
+    ap.add_argument("--runs", type=int, default=5, help="runs per measurement (default 5; check: pairs; check.yml and the scaling points: at most 2)")
     ap.add_argument("--lab-dir", default=os.path.join(ROOT, ".lab-bench"))
     ap.add_argument("--hosts", type=int, help="lab size (default: 64 when a 64-host key is selected, else 8)")
     ap.add_argument("--probe-ms", type=int, default=15, help="prober period for ≤ 8 hosts (64 hosts: ≥ 100)")
