@@ -732,7 +732,13 @@ class Bench:
                 if g in groups:
                     progress("== %s" % g)
                     t = time.time()
-                    getattr(self, "g_" + g)()
+                    try:
+                        getattr(self, "g_" + g)()
+                    except Exception as exc:  # one group's failure leaves the others' figures; keys say why
+                        progress("== %s FAILED: %s" % (g, exc))
+                        for k in GROUPS[g]:
+                            if k not in self.keys or self.keys[k].get("value") is None:
+                                self.keys[k] = stats([], KEYS[k][0], g, "%s failed: %s" % (g, str(exc)[:300]))
                     progress("== %s done in %.0f s" % (g, time.time() - t))
             if self.single:
                 self._batch_point(1, {"hosts": {"h": {"downtime_s": statistics.median(self.single)}}})
@@ -797,6 +803,8 @@ def main(argv=None):
     machine = machine_info()
     try:
         b.run(opts.groups)
+    except KeyboardInterrupt:
+        progress("interrupted: writing what was measured so far")
     finally:
         progress("measured in %.0f s" % (time.time() - t))
     for name, s in b.series.items():
