@@ -291,7 +291,7 @@ def machine_info():
             mem = "%.1f GiB" % (int(fh.readline().split()[1]) / 1048576)
     except OSError:
         pass
-    return {"cores": os.cpu_count(), "load": "%.2f %.2f %.2f" % os.getloadavg(), "memory": mem,
+    return {"cores": os.cpu_count(), "load at start": "%.2f %.2f %.2f" % os.getloadavg(), "memory": mem,
             "ansible-core": ansible_version, "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
@@ -807,6 +807,9 @@ def main(argv=None):
         progress("interrupted: writing what was measured so far")
     finally:
         progress("measured in %.0f s" % (time.time() - t))
+    machine["load at end"] = "%.2f %.2f %.2f" % os.getloadavg()
+    for s in b.series.values():  # points in numeric order of x
+        s["points"] = {k: s["points"][k] for k in sorted(s["points"], key=float)}
     for name, s in b.series.items():
         if not opts.no_write and s["points"]:
             s["png"] = plot_series(name, s, os.path.join(IMG_DIR, "bench-%s.png" % name))
