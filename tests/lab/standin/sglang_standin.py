@@ -58,8 +58,33 @@ CUDA_MIB_ENV = "GPUFLEET_STANDIN_CUDA_MIB"  # real-GPU mode: MiB of real GPU mem
 
 
 def log(msg):
-    sys.stderr.write("[%s] %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S"), msg))
+    """One log line, SGLang's ``[YYYY-MM-DD HH:MM:SS]`` prefix with milliseconds added (local time)."""
+    now = time.time()
+    sys.stderr.write("[%s.%03d] %s\n" % (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)),
+                                         int(now % 1 * 1000), msg))
     sys.stderr.flush()
+
+
+def exec_epoch():
+    """Unix time (s) this process was exec'd: /proc/self/stat starttime (clock ticks since boot) placed on the
+    wall clock through /proc/uptime (10 ms resolution; /proc/stat's btime is whole seconds). None off Linux."""
+    try:
+        with open("/proc/self/stat") as fh:
+            starttime_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime_s = float(fh.read().split()[0])
+        now = time.time()
+    except (OSError, ValueError, IndexError):
+        return None
+    return now - (uptime_s - starttime_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def log_exec_time():
+    """First log line: the exec time and the wall clock now, both Unix s, so a reader converts this log's
+    local-time prefixes to Unix time without knowing the host's zone (tests/bench/bench.py parses it)."""
+    started = exec_epoch()
+    log("lab stand-in: process exec at unix %s; now unix %.3f" % ("%.3f" % started if started else "unknown",
+                                                                 time.time()))
 
 
 def faults():
@@ -650,6 +675,7 @@ class Server:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    log_exec_time()
     pkg_dir, version = installed_sglang()
     args = build_parser(pkg_dir).parse_args(argv)
     # Up to 0.5.1x the flag is declared "--tensor-parallel-size", "--tp-size": argparse stores it under the
