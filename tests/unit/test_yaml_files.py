@@ -1,0 +1,45 @@
+"""Every YAML file the project ships parses.
+
+A stray ``: `` inside a plain scalar (e.g. a role's argument_specs description) makes Ansible refuse every
+playbook that uses the role; this catches it in a second instead of in the lab tests 30 minutes into CI.
+"""
+import os
+import pathlib
+
+import pytest
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SHIPPED = ("ansible.cfg", "awx", "inventory", "meta", "playbooks", "roles", "galaxy.yml", "execution-environment.yml",
+           ".ansible-lint", "requirements")
+
+
+def shipped_yaml():
+    for top in SHIPPED:
+        path = ROOT / top
+        if path.is_file() and path.suffix in (".yml", ".yaml", ""):
+            if path.suffix in (".yml", ".yaml") or path.name == ".ansible-lint":
+                yield path
+            continue
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+            for name in filenames:
+                if name.endswith((".yml", ".yaml")):
+                    yield pathlib.Path(dirpath) / name
+
+
+FILES = sorted(shipped_yaml())
+
+
+def test_the_walk_finds_the_role_specs():
+    names = {str(p.relative_to(ROOT)) for p in FILES}
+    assert "roles/fleet_check/meta/argument_specs.yml" in names
+    assert "playbooks/restart.yml" in names
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_parses(path):
+    try:
+        list(yaml.safe_load_all(path.read_text()))
+    except yaml.YAMLError as exc:  # pragma: no cover - the failure message is the point
+        pytest.fail("%s does not parse: %s" % (path.relative_to(ROOT), exc))
