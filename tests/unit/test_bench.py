@@ -234,6 +234,9 @@ def test_prober_sees_a_server_go_away_and_come_back():
         time.sleep(0.5)
         srv = serve()
         t_up = time.time()
+        # Leave the prober time for good samples after the return (its process may be scheduled late on a
+        # loaded machine; without any, the gap stays open).
+        time.sleep(2.0)
     srv.shutdown()
     srv.server_close()
     d = bench.downtime_from_samples(p.samples["h"])
