@@ -198,6 +198,19 @@ EXAMPLES = r"""
     port: 30000
   register: started
 
+- name: Start it and return as soon as it serves (or after 5 s, still loading), creating the state dir
+  sglang_process:
+    argv: ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--port", "30000"]
+    log_file: /var/lib/gpufleet/sglang.log
+    pid_file: /var/lib/gpufleet/sglang.pid
+    create_dirs: true
+    port: 30000
+    wait_ready: true
+    url: http://127.0.0.1:30000/health_generate
+    startup_check_s: 5
+    poll_interval_ms: 100
+  register: started
+
 - name: Wait until it answers /health_generate (a progress line every 10 s)
   sglang_process:
     state: ready
@@ -212,6 +225,7 @@ EXAMPLES = r"""
   until: ready.ready | default(false) or ready is failed
   retries: 100
   delay: 0
+  when: not started.ready | default(false)
 """
 
 RETURN = r"""
