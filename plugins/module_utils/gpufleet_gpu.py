@@ -1020,27 +1020,20 @@ def open_backend(choice="auto", runner=None, smi_path="nvidia-smi", nvml=None, d
 SESSION_GRACE_S = 10.0
 
 
-def run_on_backend(module, work, timeout_s=None, expected_count=None, on_fail=None):
-    """For an AnsibleModule: open the backend ``module.params["backend"]`` names, check the GPU count
-    (:func:`require_gpu_count` with ``expected_count``), return ``work(backend, fallback_reason)`` and
-    close the backend again.
+def backend_session(choice, smi_path, work, timeout_s=None, expected_count=None):
+    """Open the backend ``choice`` (auto|nvml|nvidia-smi), check the GPU count (:func:`require_gpu_count` with
+    ``expected_count``), return ``work(backend, fallback_reason)`` and close the backend again.
 
     Every nvidia-smi run and nvmlInit gets the time left of ``timeout_s`` (at least MIN_CALL_TIMEOUT_S);
     the whole session runs in a daemon thread abandoned after ``timeout_s + MIN_CALL_TIMEOUT_S +
-    SESSION_GRACE_S`` (an NVML call blocked in the driver cannot be interrupted). nvidia-smi runs with
-    ``LC_ALL=C`` through :func:`bounded_run`. Failures end the module with ``fail_json``: a missing
-    nvidia-ml-py with Ansible's standard ``missing_required_lib`` message (error_class missing_library),
-    a :class:`GpuError` with its message, ``error_class``, rc, stdout, stderr. ``on_fail(exc)`` may return
-    extra keyword arguments for that fail_json (its ``msg`` is appended to the message).
+    SESSION_GRACE_S`` (an NVML call blocked in the driver cannot be interrupted). Raises
+    :class:`MissingLibraryError` and :class:`GpuError` (callers that must not fail, such as sglang_stop's
+    optional GPU wait, record them; :func:`run_on_backend` turns them into ``fail_json``).
     """
-    from ansible.module_utils.basic import missing_required_lib
-
     deadline = Deadline(timeout_s)
-    smi_path = module.get_bin_path("nvidia-smi")
 
     def session():
-        backend, reason = open_backend(module.params["backend"], runner=subprocess_runner, smi_path=smi_path,
-                                       deadline=deadline)
+        backend, reason = open_backend(choice, runner=subprocess_runner, smi_path=smi_path, deadline=deadline)
         try:
             require_gpu_count(backend.inventory(), expected_count, "NVML" if backend.name == "nvml" else "nvidia-smi")
             return work(backend, reason)
@@ -1048,10 +1041,25 @@ def run_on_backend(module, work, timeout_s=None, expected_count=None, on_fail=No
             backend.close()
 
     limit = None if timeout_s is None else float(timeout_s) + MIN_CALL_TIMEOUT_S + SESSION_GRACE_S
+    if limit is None:
+        return session()
+    return call_in_thread(session, limit, "The GPU session (backend %s)" % choice)
+
+
+def run_on_backend(module, work, timeout_s=None, expected_count=None, on_fail=None):
+    """For an AnsibleModule: :func:`backend_session` on the backend ``module.params["backend"]`` names.
+
+    nvidia-smi runs with ``LC_ALL=C`` through :func:`bounded_run`. Failures end the module with ``fail_json``:
+    a missing nvidia-ml-py with Ansible's standard ``missing_required_lib`` message (error_class
+    missing_library), a :class:`GpuError` with its message, ``error_class``, rc, stdout, stderr.
+    ``on_fail(exc)`` may return extra keyword arguments for that fail_json (its ``msg`` is appended to the
+    message).
+    """
+    from ansible.module_utils.basic import missing_required_lib
+
     try:
-        if limit is None:
-            return session()
-        return call_in_thread(session, limit, "The GPU session (backend %s)" % module.params["backend"])
+        return backend_session(module.params["backend"], module.get_bin_path("nvidia-smi"), work,
+                               timeout_s=timeout_s, expected_count=expected_count)
     except MissingLibraryError as exc:
         module.fail_json(msg=missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR),
                          error_class="missing_library")
