@@ -161,6 +161,13 @@ env:
   returned: always
   type: dict
   sample: {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_IB_HCA": "mlx5"}
+sha256:
+  description:
+    - "Hex SHA-256 of the file's bytes after the run (in check mode: as they are now, nothing was written);
+      null when the module failed before reading the file. The launch record keeps it as C(engine_sha256)."
+  returned: always
+  type: str
+  sample: 3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855a
 previous:
   description:
     - "What O(previous_file) holds, when the module wrote it: C(path) (the file patched), C(previous_file),
@@ -409,7 +416,7 @@ def run_module():
     )
     params = module.params
     result = dict(changed=False, path=params["path"], sglang_version=None, version_source=None,
-                  line=None, env={}, backup_file=None, previous=None)
+                  line=None, env={}, backup_file=None, previous=None, sha256=None)
 
     try:
         items = normalise_env(params["env"]) if params["state"] == "present" else []
@@ -480,6 +487,8 @@ def run_module():
                 module.fail_json(msg="cannot write %s: %s. The file is unchanged; if it belongs to another user "
                                      "set become (sglang_nccl_patch_become: true)." % (label, exc), **result)
             remove_stale_bytecode(path)
+    written = plan["changed"] and not module.check_mode
+    result["sha256"] = hashlib.sha256(data if written else raw).hexdigest()
     module.exit_json(**result)
 
 

@@ -302,6 +302,17 @@ def test_previous_file_keeps_the_bytes_before_the_change_with_their_sha256_and_m
     assert [n for n in os.listdir(prev.parent) if n != "engine.py.prev"] == []  # no temporary file left
 
 
+def test_sha256_is_that_of_the_bytes_left_in_the_file(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    before = path.read_bytes()
+    checked = run_main(capsys, {"path": str(path), "env": ENV}, check_mode=True)
+    assert checked["sha256"] == hashlib.sha256(before).hexdigest()  # check mode: nothing written
+    written = run_main(capsys, {"path": str(path), "env": ENV})
+    assert written["changed"] and written["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() != checked["sha256"]
+    again = run_main(capsys, {"path": str(path), "env": ENV})
+    assert not again["changed"] and again["sha256"] == written["sha256"]
+
+
 def test_previous_file_is_not_written_when_nothing_changes_or_in_check_mode(tmp_path, capsys):
     path = make_tree(tmp_path)
     prev = tmp_path / "engine.py.prev"
