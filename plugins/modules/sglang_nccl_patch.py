@@ -172,7 +172,8 @@ previous:
   description:
     - "What O(previous_file) holds, when the module wrote it: C(path) (the file patched), C(previous_file),
       C(sha256) (hex SHA-256 of the bytes kept there, which are the file's bytes before this change). Null
-      when O(previous_file) is unset, the file needed no change, or in check mode."
+      when O(previous_file) is unset, the file needed no change, or in check mode. Also set in the failure
+      result when the copy was written and the write of the file then failed (the file is unchanged)."
   returned: always
   type: dict
   sample: {path: /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py,
