@@ -37,10 +37,13 @@ MEMORY_RESERVED_MIB = 616
 DRIVER_VERSION = "580.159.04"  # recordings/h200x2-driver580/README.md
 CUDA_VERSION = "13.0"
 POWER_LIMIT_W = 700.0
-#: Least wall time of one simulated nvidia-smi call, ms: the real one's median on H200 (30.8-33.5 ms,
-#: docs/benchmarks.md "Costs of one call"). Made up by sleeping, so it costs the machine no CPU, as the real
-#: call mostly waits on the driver. Knob ``smi_cost_ms`` (0: as fast as the simulator can).
-SMI_COST_MS = 32.0
+#: Least age of one simulated nvidia-smi process, ms (:func:`process_age_s`). The real call's median on H200
+#: is 30.8-33.5 ms as a Python caller sees it (docs/benchmarks.md "Costs of one call"), fork, exec and reap
+#: included; those happen outside the child and cost a few ms on an idle machine, so the child itself lives
+#: at least 28 ms. Made up by sleeping: it costs the machine no CPU, as the real call mostly waits on the
+#: driver. A busy machine makes the call longer anyway (the interpreter's own start is ~20 ms there). Knob
+#: ``smi_cost_ms`` (0: as fast as the simulator can).
+SMI_COST_MS = 28.0
 # Per-context overhead seen in loaded-query-gpu.csv (31339 MiB used for a 31330 MiB process).
 CONTEXT_OVERHEAD_MIB = 9
 GPUSIMD_SOCKET = "\0gpufleet-lab-gpusimd"
@@ -745,12 +748,26 @@ def main(argv=None, host_dir=None):
     return rc
 
 
+def process_age_s():
+    """Seconds this process has been running or waiting for a CPU since it was forked: the first two
+    fields of /proc/self/schedstat (ns on a CPU, ns runnable in the run queue). Up to the sleep below the
+    simulator never blocks but on page-cache reads, so this is its age within a millisecond or two, at
+    a 1 ns resolution that /proc/self/stat's start time (10 ms ticks) lacks. Without schedstat: the CPU
+    time, which misses the run-queue wait of a busy machine."""
+    try:
+        with open("/proc/self/schedstat") as fh:
+            on_cpu, queued = fh.read().split()[:2]
+        return (int(on_cpu) + int(queued)) / 1e9
+    except (OSError, ValueError):
+        return time.process_time()
+
+
 def pad_to_real_cost(cost_ms=None):
-    """Sleep until this process has lasted ``cost_ms`` (None: SMI_COST_MS). The process's CPU time stands
-    for its age: the interpreter's start is CPU-bound, so on an idle machine the two agree within a
-    millisecond or two; on a busy one the call already lasts longer than the real one and nothing is added."""
+    """Sleep until this process has lasted ``cost_ms`` (None: SMI_COST_MS): the answer is written already,
+    the caller waits for the exit as it waits for the real nvidia-smi's. A busy machine may already have
+    made the call longer; nothing is added then."""
     cost_ms = SMI_COST_MS if cost_ms is None or cost_ms is False else float(cost_ms)
-    left = cost_ms / 1000.0 - time.process_time()
+    left = cost_ms / 1000.0 - process_age_s()
     if left > 0:
         time.sleep(left)
 

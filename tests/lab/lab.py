@@ -61,7 +61,7 @@ FAULT_KNOBS = {
     # GPU and driver faults of the simulated nvidia-smi (gpusim.SMI_FAULT_KNOBS); "GPU 1" = gpusim.FAULT_GPU
     "smi_rc": "nvidia-smi exits 6|9|15|18|255 with the real driver's text (255: GPU 1's row is the error line)",
     "smi_hang_s": "every nvidia-smi call sleeps this long before answering (float)",
-    "smi_cost_ms": "least wall time of an nvidia-smi call, ms (float, default 32 = the real H200 median; 0 = none)",
+    "smi_cost_ms": "least age of an nvidia-smi process, ms (float, default 28: with the caller's fork/exec about the real H200 median; 0 = none)",
     "smi_field_values": "{field: raw} printed for every GPU, e.g. {\"memory.used\": \"[N/A]\"} (dict)",
     "ecc_errors": "GPU 1 reports N corrected and N uncorrected ECC errors, volatile and aggregate (int)",
     "remap_pending": "GPU 1 has a pending row remap, 1 uncorrectable row (bool)",

@@ -433,4 +433,4 @@ def test_a_call_lasts_at_least_the_cost_knob_and_writes_its_answer_first(idle_ho
     assert done.returncode == 0 and done.stdout.startswith("GPU 0: NVIDIA H200")
     assert time.monotonic() - t >= 0.4
     # the default floor is the real nvidia-smi's median (docs/benchmarks.md), 0 turns it off
-    assert gpusim.SMI_COST_MS == 32.0 and "smi_cost_ms" in gpusim.SMI_FAULT_KNOBS
+    assert gpusim.SMI_COST_MS == 28.0 and "smi_cost_ms" in gpusim.SMI_FAULT_KNOBS
