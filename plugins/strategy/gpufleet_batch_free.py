@@ -58,8 +58,11 @@ class StrategyModule(FreeStrategyModule):
         finally:
             play.max_fail_percentage = max_fail
         # The task queue manager clears _failed_hosts when a batch starts (TaskQueueManager.run): what is
-        # there now failed in this batch. Unreachable hosts accumulate over batches: count the new ones.
-        failed = set(self._tqm._failed_hosts) | (set(self._tqm._unreachable_hosts) - unreachable_before)
+        # there now failed in this batch. A host that failed in a rescue with an always section to run is
+        # not put there (StrategyBase only records a failed host whose iterator state is complete), but the
+        # iterator has it failed. Unreachable hosts accumulate over batches: count the new ones.
+        failed = (set(self._tqm._failed_hosts) | set(iterator.get_failed_hosts())
+                  | (set(self._tqm._unreachable_hosts) - unreachable_before))
         if batch_stops_play(max_fail, iterator.batch_size, len(failed)):
             display.display("gpufleet_batch_free: %d of %d hosts of this batch failed (%s), more than "
                             "max_fail_percentage %g%%: no further batch starts"
