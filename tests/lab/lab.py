@@ -232,9 +232,10 @@ def make_host_files(names, i, k, version, lower, deps, base_python, release_dela
     host["site_packages"] = site
     smi = os.path.join(hdir, "bin", "nvidia-smi")
     with open(smi, "w") as fh:
-        # -IS (isolated, no site): gpusim needs only the standard library; skipping site start-up brings a call
-        # to about 40 ms, near the real nvidia-smi's ~32 ms (issue 14), so the lab measures gpufleet, not the
-        # simulator.
+        # -IS (isolated, no site): gpusim needs only the standard library, and its query paths import no more
+        # than os, sys, time, _json and _sha256 (gpusim's docstring); a call costs about what the real
+        # nvidia-smi's does (~32 ms, issue 14; docs/benchmarks.md), so the lab measures gpufleet, not the
+        # simulator. tests/lab/smi_cost.py measures it.
         fh.write("#!%s -IS\n# gpufleet lab: simulated nvidia-smi of %s\nimport sys\nsys.path.insert(0, %r)\n"
                  "import gpusim\nsys.exit(gpusim.main(host_dir=%r))\n" % (base_python, name, HERE, hdir))
     os.chmod(smi, 0o755)
