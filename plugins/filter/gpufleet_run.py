@@ -294,7 +294,8 @@ def gpufleet_restart_row(facts):
     ``lock_refused`` (message when another run holds the lock); ``stop_started_epoch``, ``ready_epoch``
     (controller epoch s); ``stop_signal_epoch``, ``ready_target_epoch`` (the target's clock, epoch s: when the stop
     sent SIGTERM to the server, when the new server was first seen ready; when both are set the downtime is
-    measured between them, free of controller task overhead and clock skew); ``stop_old_pid``; ``stop_signalled`` (number of processes the stop signalled);
+    measured between them, free of controller task overhead and clock skew); ``stop_old_pid``; ``stop_signalled``
+    (number of processes the stop signalled);
     ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s).
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
