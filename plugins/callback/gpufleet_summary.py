@@ -54,12 +54,12 @@ PHASE_OF_ROLE = {
 UNREACHABLE_ADVICE = {
     "preflight": "nothing was changed on this host: check ssh, then rerun",
     "lock": "nothing was stopped; a lock taken frees itself when its lease ends: check ssh, then rerun",
-    "stop": "the old server may be stopped or still draining: run playbooks/check.yml for this host, then rerun "
-            "restart.yml once the lock's lease ended",
+    "patch": "the old server still serves; engine.py may be patched (its previous bytes are in "
+             "<sglang_state_dir>/engine.py.prev): rerun restart.yml for this host once the lock's lease ended",
+    "stop": "the old server may be stopped or still draining, engine.py patched: run playbooks/check.yml for this "
+            "host, then rerun restart.yml once the lock's lease ended",
     "wait": "the old server is stopped and no new one was started: rerun restart.yml for this host once the "
             "lock's lease ended",
-    "patch": "the old server is stopped; engine.py may be patched: rerun restart.yml for this host once the "
-             "lock's lease ended",
     "launch": "ssh lost during launch: the server may have come up; run playbooks/check.yml for this host",
     "verify": "the new server was up when the connection was lost: run playbooks/check.yml for this host",
 }

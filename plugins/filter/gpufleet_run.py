@@ -292,7 +292,10 @@ def gpufleet_restart_row(facts):
     ``rollback`` ({state: rolled_back|file_only|failed|not_needed, detail}) set by the rescue; ``failed_msg``
     (the failing task's message, used when there is no failed_cause); ``phase`` (last phase started);
     ``lock_refused`` (message when another run holds the lock); ``stop_started_epoch``, ``ready_epoch``
-    (controller epoch s); ``stop_old_pid``; ``stop_signalled`` (number of processes the stop signalled);
+    (controller epoch s); ``stop_signal_epoch``, ``ready_target_epoch`` (the target's clock, epoch s: when the stop
+    sent SIGTERM to the server, when the new server was first seen ready; when both are set the downtime is
+    measured between them, free of controller task overhead and clock skew); ``stop_old_pid``; ``stop_signalled``
+    (number of processes the stop signalled);
     ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s).
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
@@ -309,6 +312,7 @@ def gpufleet_restart_row(facts):
     failed = bool(f.get("failed_phase") or f.get("failed_cause") or f.get("failed_msg"))
     stop_at = _num(f.get("stop_started_epoch"))
     ready_at = _num(f.get("ready_epoch"))
+    target_stop_at, target_ready_at = _num(f.get("stop_signal_epoch")), _num(f.get("ready_target_epoch"))
     now = _num(f.get("now"))
     old_pid = _pid(f.get("stop_old_pid"))
     was_serving = old_pid is not None or bool(_num(f.get("stop_signalled")))
@@ -343,6 +347,9 @@ def gpufleet_restart_row(facts):
     if stopped:
         if not was_serving:
             row["downtime_s"] = 0.0  # nothing served before this run: no service was interrupted
+        elif target_stop_at is not None and target_ready_at is not None and rb_state not in (
+                "rolled_back", "failed", "file_only"):
+            row["downtime_s"] = round(max(target_ready_at - target_stop_at, 0.0), 1)
         elif ready_at is not None and rb_state not in ("rolled_back", "failed", "file_only"):
             row["downtime_s"] = round(max(ready_at - stop_at, 0.0), 1)
         elif now is not None:

@@ -757,7 +757,8 @@ class SmiBackend:
 
     name = "nvidia-smi"
 
-    def __init__(self, runner=None, smi_path="nvidia-smi", driver_root="/proc/driver/nvidia/gpus", deadline=None):
+    def __init__(self, runner=None, smi_path="nvidia-smi", driver_root="/proc/driver/nvidia/gpus", deadline=None,
+                 prefetch_details=False):
         if not smi_path:
             raise BackendUnavailableError(
                 "nvidia-smi was not found on PATH: install the NVIDIA driver utilities (nvidia-utils-<ver>) "
@@ -769,9 +770,18 @@ class SmiBackend:
         self._dropped = set()
         self._inventory = None
         self._system = None
+        # prefetch_details: open with the full details query (it carries index, uuid, pci.bus_id, name and
+        # driver_version too), so inventory(), system()'s driver and the first details() cost one run
+        # instead of three (issue 14: nvidia_gpu_info went from 7 runs to 5). The wait keeps the short probe:
+        # it never reads details.
+        self._prefetch = prefetch_details
+        self._details_rows = None
 
     def open(self):
-        """Probe with an inventory query so a missing driver fails here, before any real work."""
+        """Probe with a query so a missing driver fails here, before any real work: the inventory query, or
+        with ``prefetch_details`` the full details query, kept for the first :meth:`details` call."""
+        if self._prefetch:
+            self._details_rows = self._query("query-gpu", SMI_GPU_QUERY)
         self.inventory()
         return self
 
@@ -844,7 +854,10 @@ class SmiBackend:
         """Driver from ``--query-gpu=driver_version``; CUDA from the ``nvidia-smi`` banner ("CUDA Version:
         13.0"), which no query field carries; None when the banner lacks it."""
         if self._system is None:
-            rows = self._query("query-gpu", (("driver_version", "driver_version", _text),))
+            if self._details_rows is not None:
+                rows = self._details_rows
+            else:
+                rows = self._query("query-gpu", (("driver_version", "driver_version", _text),))
             driver = rows[0]["driver_version"] if rows else None
             cuda = None
             rc, out, _ = self._call([])
@@ -859,8 +872,11 @@ class SmiBackend:
         /proc/driver/nvidia/gpus/<bus id>/information (None where that file is missing). Cached.
         Raises :class:`NoDevicesError` when nvidia-smi lists none."""
         if self._inventory is None:
-            rows = self._query("query-gpu", (("index", "index", _int), ("uuid", "uuid", _text),
-                                             ("pci.bus_id", "pci_bus_id", _text), ("name", "name", _text)))
+            if self._details_rows is not None:
+                rows = [{key: r[key] for key in ("index", "uuid", "pci_bus_id", "name")} for r in self._details_rows]
+            else:
+                rows = self._query("query-gpu", (("index", "index", _int), ("uuid", "uuid", _text),
+                                                 ("pci.bus_id", "pci_bus_id", _text), ("name", "name", _text)))
             for r in rows:
                 r.pop("_raw", None)
                 r["minor_number"] = _sysfs_minor(r["pci_bus_id"], self._driver_root)
@@ -892,10 +908,14 @@ class SmiBackend:
     def details(self, indices=None):
         """Every :data:`GPU_FIELDS` key from one ``--query-gpu`` run; the field behind each key is in
         :data:`SMI_GPU_QUERY` ("[N/A]", "[Not Supported]" -> None with the raw text in ``unsupported``;
-        fields this driver rejects -> None, "field not known to this nvidia-smi")."""
+        fields this driver rejects -> None, "field not known to this nvidia-smi"). The first call after an
+        ``open()`` with ``prefetch_details`` uses the rows read there; later calls run the query again."""
         minors = {g["index"]: g["minor_number"] for g in self.inventory()}
+        rows, self._details_rows = self._details_rows, None
+        if rows is None:
+            rows = self._query("query-gpu", SMI_GPU_QUERY)
         out = []
-        for r in sorted(self._query("query-gpu", SMI_GPU_QUERY), key=lambda r: r["index"]):
+        for r in sorted(rows, key=lambda r: r["index"]):
             if indices is not None and r["index"] not in indices:
                 continue
             raw = r.pop("_raw")
@@ -977,15 +997,18 @@ def _strip_prefix(text, prefix="NVML: "):
     return text.split(" What to do:", 1)[0].strip()
 
 
-def open_backend(choice="auto", runner=None, smi_path="nvidia-smi", nvml=None, deadline=None):
+def open_backend(choice="auto", runner=None, smi_path="nvidia-smi", nvml=None, deadline=None,
+                 smi_prefetch_details=False):
     """Open and return ``(backend, fallback_reason)``.
 
     ``choice``: ``nvml`` (fails if nvidia-ml-py is missing: :class:`MissingLibraryError`, or nvmlInit fails),
     ``nvidia-smi``, or ``auto``: NVML when the library imports and nvmlInit succeeds, else nvidia-smi;
     ``fallback_reason`` then says why NVML was not used (None when it was). An nvmlInit that times out is
     not fallen back from (nvidia-smi would hang on the same driver). ``nvml`` injects a pynvml module
-    (tests). ``deadline`` (:class:`Deadline`) bounds nvmlInit and every nvidia-smi run. Raises
-    :class:`GpuError` subclasses whose message starts with the driver's text.
+    (tests). ``deadline`` (:class:`Deadline`) bounds nvmlInit and every nvidia-smi run.
+    ``smi_prefetch_details``: the nvidia-smi backend opens with its full details query (for callers that
+    read :meth:`SmiBackend.details`; saves two runs). Raises :class:`GpuError` subclasses whose message
+    starts with the driver's text.
     """
     if choice not in BACKEND_CHOICES:
         raise GpuError("backend must be one of %s, got %r" % (", ".join(BACKEND_CHOICES), choice))
@@ -1007,7 +1030,8 @@ def open_backend(choice="auto", runner=None, smi_path="nvidia-smi", nvml=None, d
             except GpuError as exc:
                 reason = exc.msg
     try:
-        return SmiBackend(runner, smi_path, deadline=deadline).open(), reason
+        backend = SmiBackend(runner, smi_path, deadline=deadline, prefetch_details=smi_prefetch_details)
+        return backend.open(), reason
     except GpuError as exc:
         if reason:
             # The driver's text (nvidia-smi's) first; NVML's reason once, without a doubled "NVML:" prefix.
@@ -1020,27 +1044,22 @@ def open_backend(choice="auto", runner=None, smi_path="nvidia-smi", nvml=None, d
 SESSION_GRACE_S = 10.0
 
 
-def run_on_backend(module, work, timeout_s=None, expected_count=None, on_fail=None):
-    """For an AnsibleModule: open the backend ``module.params["backend"]`` names, check the GPU count
-    (:func:`require_gpu_count` with ``expected_count``), return ``work(backend, fallback_reason)`` and
-    close the backend again.
+def backend_session(choice, smi_path, work, timeout_s=None, expected_count=None, smi_prefetch_details=False):
+    """Open the backend ``choice`` (auto|nvml|nvidia-smi), check the GPU count (:func:`require_gpu_count` with
+    ``expected_count``), return ``work(backend, fallback_reason)`` and close the backend again.
 
     Every nvidia-smi run and nvmlInit gets the time left of ``timeout_s`` (at least MIN_CALL_TIMEOUT_S);
     the whole session runs in a daemon thread abandoned after ``timeout_s + MIN_CALL_TIMEOUT_S +
-    SESSION_GRACE_S`` (an NVML call blocked in the driver cannot be interrupted). nvidia-smi runs with
-    ``LC_ALL=C`` through :func:`bounded_run`. Failures end the module with ``fail_json``: a missing
-    nvidia-ml-py with Ansible's standard ``missing_required_lib`` message (error_class missing_library),
-    a :class:`GpuError` with its message, ``error_class``, rc, stdout, stderr. ``on_fail(exc)`` may return
-    extra keyword arguments for that fail_json (its ``msg`` is appended to the message).
+    SESSION_GRACE_S`` (an NVML call blocked in the driver cannot be interrupted). Raises
+    :class:`MissingLibraryError` and :class:`GpuError` (callers that must not fail, such as sglang_stop's
+    optional GPU wait, record them; :func:`run_on_backend` turns them into ``fail_json``).
+    ``smi_prefetch_details`` is passed to :func:`open_backend` (callers whose ``work`` reads details).
     """
-    from ansible.module_utils.basic import missing_required_lib
-
     deadline = Deadline(timeout_s)
-    smi_path = module.get_bin_path("nvidia-smi")
 
     def session():
-        backend, reason = open_backend(module.params["backend"], runner=subprocess_runner, smi_path=smi_path,
-                                       deadline=deadline)
+        backend, reason = open_backend(choice, runner=subprocess_runner, smi_path=smi_path, deadline=deadline,
+                                       smi_prefetch_details=smi_prefetch_details)
         try:
             require_gpu_count(backend.inventory(), expected_count, "NVML" if backend.name == "nvml" else "nvidia-smi")
             return work(backend, reason)
@@ -1048,10 +1067,26 @@ def run_on_backend(module, work, timeout_s=None, expected_count=None, on_fail=No
             backend.close()
 
     limit = None if timeout_s is None else float(timeout_s) + MIN_CALL_TIMEOUT_S + SESSION_GRACE_S
+    if limit is None:
+        return session()
+    return call_in_thread(session, limit, "The GPU session (backend %s)" % choice)
+
+
+def run_on_backend(module, work, timeout_s=None, expected_count=None, on_fail=None, smi_prefetch_details=False):
+    """For an AnsibleModule: :func:`backend_session` on the backend ``module.params["backend"]`` names.
+
+    nvidia-smi runs with ``LC_ALL=C`` through :func:`bounded_run`. Failures end the module with ``fail_json``:
+    a missing nvidia-ml-py with Ansible's standard ``missing_required_lib`` message (error_class
+    missing_library), a :class:`GpuError` with its message, ``error_class``, rc, stdout, stderr.
+    ``on_fail(exc)`` may return extra keyword arguments for that fail_json (its ``msg`` is appended to the
+    message). ``smi_prefetch_details``: see :func:`backend_session`.
+    """
+    from ansible.module_utils.basic import missing_required_lib
+
     try:
-        if limit is None:
-            return session()
-        return call_in_thread(session, limit, "The GPU session (backend %s)" % module.params["backend"])
+        return backend_session(module.params["backend"], module.get_bin_path("nvidia-smi"), work,
+                               timeout_s=timeout_s, expected_count=expected_count,
+                               smi_prefetch_details=smi_prefetch_details)
     except MissingLibraryError as exc:
         module.fail_json(msg=missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR),
                          error_class="missing_library")

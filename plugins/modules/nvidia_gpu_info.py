@@ -79,6 +79,9 @@ options:
         The return value C(backend_fallback_reason) says why NVML was not used.
       - C(nvml) requires C(nvidia-ml-py) and a working C(libnvidia-ml.so.1).
       - C(nvidia-smi) runs C(nvidia-smi --query-gpu=... --format=csv,noheader,nounits) with C(LC_ALL=C).
+        One call runs it 5 times (about 30 ms each on an H200), one after the other - the details query,
+        the banner (for the CUDA version), C(nvlink -s), C(nvlink -e) and C(--query-compute-apps) - and
+        2 times with O(nvlink=false) and O(processes=false).
     type: str
     choices: [auto, nvml, nvidia-smi]
     default: auto
@@ -462,7 +465,7 @@ def main():
     result = run_on_backend(module, lambda backend, reason: gather(
         backend, params["gpus"], params["processes"], reason, exclude_pids={os.getpid()},
         nvlink=params["nvlink"], xid=read_xid()), timeout_s=params["timeout_s"],
-        expected_count=params["expected_count"], on_fail=on_fail)
+        expected_count=params["expected_count"], on_fail=on_fail, smi_prefetch_details=True)
     module.exit_json(**result)
 
 

@@ -224,168 +224,18 @@ gpus:
         kind: {description: "C(gpu), or C(monitor) for a known GPU watcher.", type: str}
 """
 
-import os
-import time
-
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import (
-    BACKEND_CHOICES,
-    gpu_processes,
-    resolve_selectors,
-    run_on_backend,
-    wait_for_memory,
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_wait import (  # noqa: F401 -- re-exported
+    WAIT_OPTIONS,
+    run_wait,
+    timeout_message,
+    wait_or_fail,
 )
-
-_CMDLINE_MAX = 160
-
-
-def _short(text, limit=_CMDLINE_MAX):
-    if text is None:
-        return "(command line not readable: process gone or outside this PID namespace)"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _proc_text(p):
-    mem = " (%s MiB)" % p["used_memory_mib"] if p.get("used_memory_mib") is not None else ""
-    return "pid %d%s: %s" % (p["pid"], mem, _short(p.get("cmdline") or p.get("name")))
-
-
-def timeout_message(outcome, gpus, max_used_mib, timeout_s, require_no_processes=False, device_holders=None):
-    """Operator message for a timeout: each busy GPU, its MiB and its processes (pid, cmdline).
-
-    Processes the backend lists on that GPU (they own its memory) come first; processes that only have
-    its /dev/nvidia<N> open follow separately -- every CUDA process opens the node of every visible GPU,
-    and monitors hold them too, so they are candidates, not proven memory owners. When no GPU has a listed
-    compute process, the fd holders are named instead (per-GPU holders, then holders of only the shared
-    nodes nvidiactl / nvidia-uvm), so the operator always has pids to look at.
-    """
-    parts = []
-    any_owner = False
-    for gpu in gpus:
-        if gpu["free"]:
-            continue
-        procs = gpu.get("processes") or []
-        owners = [p for p in procs if any(s != "proc_fd" for s in p.get("source", ()))]
-        others = [p for p in procs if p not in owners and p.get("kind") != "monitor"]
-        monitors = [p for p in procs if p not in owners and p.get("kind") == "monitor"]
-        if owners:
-            any_owner = True
-            held = "held by " + "; ".join(_proc_text(p) for p in owners)
-        else:
-            held = ("no compute process listed by %s (from a container without the host PID namespace, "
-                    "look on the host; or the driver has not finished releasing the memory)"
-                    % outcome.get("backend", "the backend"))
-        if others:
-            held += "; device also open in " + "; ".join(_proc_text(p) for p in others)
-        if monitors:
-            held += "; monitors with it open (they hold no memory, leave them): " + "; ".join(
-                _proc_text(p) for p in monitors)
-        parts.append("GPU %d (%s): %s MiB used, %s" % (gpu["index"], gpu["uuid"], gpu["memory_used_mib"], held))
-    condition = "at most %d MiB used%s per GPU" % (
-        max_used_mib, " and no compute process" if require_no_processes else "")
-    if any_owner:
-        todo = ("Stop these processes (role sglang_stop, or kill the pids listed) and run again; "
-                "raise timeout_s if the release is just slow.")
-    else:
-        holders = [h for h in device_holders or () if h.get("kind") != "monitor"]
-        per_gpu = [h for h in holders if h.get("kind") == "gpu"]
-        shared = [h for h in holders if h.get("kind") == "shared_only"]
-        named = []
-        if per_gpu:
-            named.append("processes with a GPU device open: " + "; ".join(_proc_text(h) for h in per_gpu))
-        if shared:
-            named.append("processes holding only the shared nodes (nvidiactl, nvidia-uvm): "
-                         + "; ".join(_proc_text(h) for h in shared))
-        if named:
-            todo = ("No compute process is listed; the candidates are the %s. Stop those that belong to the "
-                    "old server (role sglang_stop) and run again; raise timeout_s if the release is just slow."
-                    % " | ".join(named))
-        else:
-            todo = ("No process with /dev/nvidia* open is visible from here either: look on the host "
-                    "(`nvidia-smi`, `fuser -v /dev/nvidia*` as root); raise timeout_s if the release is just slow.")
-    return ("GPU memory not released after %s s (wanted %s; %d polls). %s. %s"
-            % (timeout_s, condition, outcome["polls"], " | ".join(parts), todo))
-
-
-def run_wait(backend, params, fallback_reason=None, exclude_pids=None, started_at=None, now=time.time):
-    """Run the wait (or one slice of it) with module-shaped ``params``; returns ``(ok, result, msg)``.
-
-    ``ok`` is False only when the whole wait (``timeout_s`` from ``started_at``) ran out; a slice that ends
-    with time left returns ok with ``ready`` False. Plain function (no Ansible needed).
-    """
-    indices = resolve_selectors(params["gpus"], backend.inventory())
-    started_at = now() if started_at is None else float(started_at)
-    before = max(0.0, now() - started_at)
-    outcome = wait_for_memory(backend, indices, params["max_used_mib"], params["require_no_processes"],
-                              params["poll_interval_ms"], params["timeout_s"], slice_s=params.get("slice_s"),
-                              elapsed_before_s=before)
-    busy = set(outcome["busy"])
-    gpus = []
-    for m in outcome["memory"]:
-        row = dict(m)
-        row["free"] = m["index"] not in busy
-        row["processes"] = []
-        gpus.append(row)
-    holders = None
-    final_timeout = bool(busy) and not outcome["slice_ended"]
-    if final_timeout or (outcome["processes"] and not busy):
-        # Name the holders: on timeout for the operator, and when the process list was read anyway.
-        per_gpu, holders = gpu_processes(backend, indices, exclude_pids=exclude_pids)
-        for row in gpus:
-            row["processes"] = per_gpu.get(row["index"], [])
-    result = {
-        "changed": False,
-        "backend": backend.name,
-        "backend_fallback_reason": fallback_reason,
-        "elapsed_ms": outcome["elapsed_ms"],
-        "polls": outcome["polls"],
-        "max_used_mib": params["max_used_mib"],
-        "gpus": gpus,
-        "ready": outcome["ready"],
-        "started_at": round(started_at, 3),
-        "progress": outcome["progress"],
-    }
-    if not final_timeout:
-        return True, result, None
-    outcome["backend"] = backend.name
-    result["device_holders"] = holders or []
-    result["error_class"] = "not_released"
-    return False, result, timeout_message(outcome, gpus, params["max_used_mib"], params["timeout_s"],
-                                          params["require_no_processes"], holders)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            gpus=dict(type="list", elements="raw", default=[]),
-            max_used_mib=dict(type="int", default=1024),
-            require_no_processes=dict(type="bool", default=False),
-            poll_interval_ms=dict(type="int", default=50),
-            timeout_s=dict(type="float", default=120),
-            slice_s=dict(type="float"),
-            started_at=dict(type="float"),
-            expected_count=dict(type="int"),
-            backend=dict(type="str", choices=list(BACKEND_CHOICES), default="auto"),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    if params["poll_interval_ms"] < 1:
-        module.fail_json(msg="poll_interval_ms must be at least 1 (got %d)" % params["poll_interval_ms"],
-                         error_class="bad_option")
-    for key in ("timeout_s", "max_used_mib", "slice_s", "expected_count"):
-        if params[key] is not None and params[key] < 0:
-            module.fail_json(msg="%s must be 0 or more (got %s)" % (key, params[key]), error_class="bad_option")
-
-    started_at = params["started_at"] if params["started_at"] is not None else time.time()
-    left = max(0.0, params["timeout_s"] - max(0.0, time.time() - started_at))
-    budget = left if params["slice_s"] is None else min(left, params["slice_s"])
-    ok, result, msg = run_on_backend(module, lambda backend, reason: run_wait(
-        backend, params, reason, exclude_pids={os.getpid()}, started_at=started_at),
-        timeout_s=budget, expected_count=params["expected_count"])
-    if not ok:
-        module.fail_json(msg=msg, **result)
-    module.exit_json(**result)
+    module = AnsibleModule(argument_spec=dict(WAIT_OPTIONS), supports_check_mode=True)
+    wait_or_fail(module, module.params)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,16 @@ options:
       - Keep a copy of the file (C(<path>.<pid>.<timestamp>~)) before changing it.
     type: bool
     default: false
+  previous_file:
+    description:
+      - "Right before the file is changed, write its current bytes to this path (for a rollback to put back;
+        C(restart.yml) uses C(<sglang_state_dir>/engine.py.prev)). Written atomically (temporary file and
+        rename) with the mode of the file; its parent directory is created (0755) when missing. Nothing is
+        written when the file needs no change, nor in check mode."
+      - "Written by the same user as the patch (C(become) of the task). When the copy cannot be written the
+        module fails before the file is touched (RV(previous) is null, the file unchanged)."
+    type: path
+    version_added: "1.2.0"
 attributes:
   check_mode:
     support: full
@@ -151,6 +161,23 @@ env:
   returned: always
   type: dict
   sample: {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_IB_HCA": "mlx5"}
+sha256:
+  description:
+    - "Hex SHA-256 of the file's bytes after the run (in check mode: as they are now, nothing was written);
+      null when the module failed before reading the file. The launch record keeps it as C(engine_sha256)."
+  returned: always
+  type: str
+  sample: 3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855a
+previous:
+  description:
+    - "What O(previous_file) holds, when the module wrote it: C(path) (the file patched), C(previous_file),
+      C(sha256) (hex SHA-256 of the bytes kept there, which are the file's bytes before this change). Null
+      when O(previous_file) is unset, the file needed no change, or in check mode. Also set in the failure
+      result when the copy was written and the write of the file then failed (the file is unchanged)."
+  returned: always
+  type: dict
+  sample: {path: /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py,
+           previous_file: /var/lib/gpufleet/engine.py.prev, sha256: 9f2c...e1}
 backup_file:
   description: Path of the backup copy when O(backup=true) and the file changed; null otherwise.
   returned: always
@@ -173,6 +200,7 @@ msg:
   type: str
 """
 
+import hashlib
 import os
 import re
 import sys
@@ -324,6 +352,31 @@ def write_atomic(module, path, data):
         pass  # best effort: some filesystems refuse fsync on a directory
 
 
+def keep_previous(source_path, raw, previous_file):
+    """Write ``raw`` (bytes: the current content of ``source_path``) to ``previous_file`` atomically, with the
+    mode of ``source_path``; creates the parent directory (0755) when missing.
+
+    Returns ``{"path", "previous_file", "sha256"}`` (sha256: hex of ``raw``). Raises OSError when the copy
+    cannot be written (nothing is left behind but an existing older copy).
+    """
+    directory = os.path.dirname(previous_file) or "."
+    if not os.path.isdir(directory):
+        os.makedirs(directory, 0o755)
+    mode = os.stat(source_path).st_mode & 0o7777
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(previous_file), suffix=".gpufleet-tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, previous_file)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return {"path": source_path, "previous_file": previous_file, "sha256": hashlib.sha256(raw).hexdigest()}
+
+
 def remove_stale_bytecode(path):
     """Delete ``__pycache__/<stem>.*.pyc`` of ``path``; returns the removed paths (list of str).
 
@@ -356,6 +409,7 @@ def run_module():
             env=dict(type="dict", default={}),
             state=dict(type="str", default="present", choices=["present", "absent"]),
             backup=dict(type="bool", default=False),
+            previous_file=dict(type="path"),
         ),
         mutually_exclusive=[["path", "python"]],
         required_one_of=[["path", "python"]],
@@ -363,7 +417,7 @@ def run_module():
     )
     params = module.params
     result = dict(changed=False, path=params["path"], sglang_version=None, version_source=None,
-                  line=None, env={}, backup_file=None)
+                  line=None, env={}, backup_file=None, previous=None, sha256=None)
 
     try:
         items = normalise_env(params["env"]) if params["state"] == "present" else []
@@ -418,6 +472,14 @@ def run_module():
             module.fail_json(msg="refusing to write %s: the patched source does not compile (%s); the file is "
                                  "unchanged" % (label, to_text(exc)), **result)
         if not module.check_mode:
+            if params["previous_file"]:
+                try:
+                    result["previous"] = keep_previous(path, raw, params["previous_file"])
+                except (IOError, OSError) as exc:
+                    module.fail_json(msg="cannot keep the current bytes of %s in %s for a rollback: %s. The file is "
+                                         "unchanged; make that directory writable for the user the patch runs as "
+                                         "(sglang_nccl_patch_become)." % (label, params["previous_file"], exc),
+                                     **result)
             if params["backup"]:
                 result["backup_file"] = module.backup_local(path)
             try:
@@ -426,6 +488,8 @@ def run_module():
                 module.fail_json(msg="cannot write %s: %s. The file is unchanged; if it belongs to another user "
                                      "set become (sglang_nccl_patch_become: true)." % (label, exc), **result)
             remove_stale_bytecode(path)
+    written = plan["changed"] and not module.check_mode
+    result["sha256"] = hashlib.sha256(data if written else raw).hexdigest()
     module.exit_json(**result)
 
 

@@ -17,6 +17,13 @@ description:
   - "The server's parent is a small reaper process (comm C(gpufleet-reaper), own session) that waits for it and
     writes its exit status to O(exit_file), so a later O(state=ready) call can name the exit code of a
     server that died while loading. The reaper holds no port, GPU or file of the server and ends with it."
+  - "With O(wait_ready=true), O(state=started) then probes readiness itself (the same test as O(state=ready),
+    below) every O(poll_interval_ms) (at most 100 ms) during O(startup_check_s) and returns as soon as the
+    server serves, with RV(ready)=true and RV(ready_epoch) (the target's clock), so the caller's readiness wait
+    can be skipped. A server still loading when the window ends is returned as today (RV(ready)=false); one
+    that died fails as today; a stranger on the port or a socket it cannot attribute fails as O(state=ready) does."
+  - "O(create_dirs=true) creates the missing parent directories of O(log_file) and O(pid_file) (mode 0755)
+    before the start, instead of a separate task."
   - "O(state=ready): waits at most O(slice_s) seconds for the server to answer: O(port) accepts a connection, the
     listening socket belongs to the launched process (O(pid), O(pid_file) or the systemd O(unit)'s MainPID)
     or one of its descendants, and O(url) (when given) answers 200. It polls every O(poll_interval_ms). It
@@ -122,7 +129,7 @@ options:
     type: float
     default: 10
   poll_interval_ms:
-    description: With V(ready), milliseconds between readiness probes inside a slice.
+    description: With V(ready), milliseconds between readiness probes inside a slice; with V(started) and O(wait_ready), the same, at most 100.
     type: int
     default: 200
   request_timeout_s:
@@ -130,9 +137,25 @@ options:
     type: float
     default: 30
   startup_check_s:
-    description: With V(started), seconds to watch the new process; if it exits within them the task fails with the log tail.
+    description:
+      - With V(started), seconds to watch the new process; if it exits within them the task fails with the log tail.
+      - With O(wait_ready), the window in which readiness is probed; the call returns as soon as the server serves.
     type: float
     default: 2
+  wait_ready:
+    description:
+      - With V(started), probe readiness during O(startup_check_s) exactly as V(ready) does (O(port) accepts, the
+        listening socket belongs to the started process or a descendant, O(url) answers 200) every
+        O(poll_interval_ms) but at most 100 ms apart, and return at the first success with RV(ready)=true.
+      - Requires O(port). Not used in check mode, nor when the server was already running (nothing started).
+    type: bool
+    default: false
+  create_dirs:
+    description:
+      - With V(started), create the missing parent directories of O(log_file) and O(pid_file) (and O(exit_file))
+        with mode 0755; without it a missing directory fails the task. Check mode creates nothing.
+    type: bool
+    default: false
   log_tail_lines:
     description: Lines of this launch's log included in a failure message.
     type: int
@@ -175,6 +198,19 @@ EXAMPLES = r"""
     port: 30000
   register: started
 
+- name: Start it and return as soon as it serves (or after 5 s, still loading), creating the state dir
+  sglang_process:
+    argv: ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--port", "30000"]
+    log_file: /var/lib/gpufleet/sglang.log
+    pid_file: /var/lib/gpufleet/sglang.pid
+    create_dirs: true
+    port: 30000
+    wait_ready: true
+    url: http://127.0.0.1:30000/health_generate
+    startup_check_s: 5
+    poll_interval_ms: 100
+  register: started
+
 - name: Wait until it answers /health_generate (a progress line every 10 s)
   sglang_process:
     state: ready
@@ -189,6 +225,7 @@ EXAMPLES = r"""
   until: ready.ready | default(false) or ready is failed
   retries: 100
   delay: 0
+  when: not started.ready | default(false)
 """
 
 RETURN = r"""
@@ -227,9 +264,22 @@ exit_file:
   returned: always
   type: str
 ready:
-  description: With V(ready), whether the server answered on its own socket within this slice.
-  returned: state is ready
+  description:
+    - With V(ready), whether the server answered on its own socket within this slice.
+    - With V(started) and O(wait_ready), whether it answered within O(startup_check_s) (false when it did not yet,
+      or nothing was started).
+  returned: state is ready, or state is started with wait_ready
   type: bool
+ready_epoch:
+  description: When the server was first seen ready, seconds since the epoch on the target's clock; null until then.
+  returned: state is ready, or state is started with wait_ready
+  type: float
+  sample: 1796000012.41
+created_dirs:
+  description: Directories O(create_dirs) created (or would create, in check mode).
+  returned: state is started
+  type: list
+  elements: str
 progress:
   description:
     - "One line saying what is awaited, since when and the last state, e.g. C(waiting for /health_generate on
@@ -241,8 +291,8 @@ elapsed_s:
   returned: state is ready
   type: float
 ready_wait_ms:
-  description: With V(ready), milliseconds from the server's start until it answered; null until then.
-  returned: state is ready
+  description: Milliseconds from the server's start (its process creation time) until it answered; null until then.
+  returned: state is ready, or state is started with wait_ready
   type: int
 last:
   description: Last readiness probe outcome (C(connection refused), C(HTTP 503), C(200)).
@@ -720,13 +770,14 @@ class Waiter(object):
                 if ours is None:
                     return "unknown_owner", elapsed, {}
                 if not p["url"]:
-                    return "ready", elapsed, {}
+                    return "ready", elapsed, {"ready_epoch": self.now()}
                 code, text = probe_url(p["url"], max(1.0, min(p["request_timeout_s"], p["timeout_s"] - elapsed)))
                 self.last = text
                 if code == 200:
                     # The answer counts only if the socket is still ours and the server still runs.
                     if tree_listens(self.pid, p["port"]) and pid_alive(self.pid):
-                        return "ready", self.now() - created, {}
+                        ready_at = self.now()
+                        return "ready", ready_at - created, {"ready_epoch": ready_at}
             elapsed = self.now() - created
             if elapsed >= p["timeout_s"]:
                 return "timeout", elapsed, {}
@@ -770,7 +821,7 @@ def run_ready(module, p, result):
             return int(status) if status.lstrip("-").isdigit() else None
         return await_exit_file(exit_file, dead_pid) if exit_file else None
 
-    result.update(pid=pid, ready=False, lock_renewed=None)
+    result.update(pid=pid, ready=False, ready_epoch=None, ready_wait_ms=None, lock_renewed=None)
     try:
         result["lock_renewed"] = renew_lock(p["lock_dir"], p["lock_owner"])
     except gpufleet_lock.LockError as exc:
@@ -779,8 +830,7 @@ def run_ready(module, p, result):
     state, elapsed, extra = waiter.run()
     result.update(elapsed_s=round(elapsed, 1), last=waiter.last, progress=waiter.progress(elapsed))
     if state == "ready":
-        result.update(ready=True, ready_wait_ms=int(elapsed * 1000),
-                      progress="%s answered on pid %d's socket after %.1f s" % (waiter.what, pid, elapsed))
+        ready_result(result, waiter, pid, elapsed, extra)
         module.exit_json(msg=result["progress"], **result)
     if state == "waiting":
         module.exit_json(msg=result["progress"], **result)
@@ -788,6 +838,17 @@ def run_ready(module, p, result):
         msg, more = waiter.died(elapsed)
         result.update(more)
         module.fail_json(msg=msg, **result)
+    fail_not_ready(module, p, result, waiter, pid, state, extra)
+
+
+def ready_result(result, waiter, pid, elapsed, extra):
+    """Fill ``result`` for a server seen ready (Waiter state ``ready``)."""
+    result.update(ready=True, ready_wait_ms=int(elapsed * 1000), ready_epoch=round(extra["ready_epoch"], 3),
+                  progress="%s answered on pid %d's socket after %.1f s" % (waiter.what, pid, elapsed))
+
+
+def fail_not_ready(module, p, result, waiter, pid, state, extra):
+    """fail_json for the Waiter states ``stranger``, ``unknown_owner`` and ``timeout``."""
     if state == "stranger":
         result["listeners"] = extra["listeners"]
         module.fail_json(msg="port %d is answered by %s, not by the launched server (pid %d, still loading): "
@@ -809,11 +870,24 @@ def run_started(module, p, result):
     if not argv or not argv[0]:
         module.fail_json(msg="argv must name a command as its first element", **result)
     result["argv"] = argv
-    for path_key in ("log_file", "pid_file"):
+    result["created_dirs"] = []
+    if p["wait_ready"]:
+        result.update(ready=False, ready_epoch=None, ready_wait_ms=None)
+    for path_key in ("log_file", "pid_file", "exit_file"):
         parent = os.path.dirname(os.path.abspath(p[path_key]))
-        if not os.path.isdir(parent):
-            module.fail_json(msg="directory %s for %s does not exist (create sglang_state_dir first)"
-                             % (parent, path_key), **result)
+        if os.path.isdir(parent) or parent in result["created_dirs"]:
+            continue
+        if not p["create_dirs"]:
+            module.fail_json(msg="directory %s for %s does not exist (create sglang_state_dir first, or set "
+                             "create_dirs)" % (parent, path_key), **result)
+        result["created_dirs"].append(parent)
+        if not module.check_mode:
+            try:
+                os.makedirs(parent, mode=0o755, exist_ok=True)
+            except OSError as exc:
+                module.fail_json(msg="could not create directory %s for %s: %s" % (parent, path_key, exc), **result)
+    if result["created_dirs"]:
+        result["changed"] = True
 
     existing = running_pid(p["pid_file"])
     if existing is not None:
@@ -850,14 +924,36 @@ def run_started(module, p, result):
     write_pid_file(p["pid_file"], pid)
     result.update(changed=True, started=True, pid=pid, started_at=started_at)
 
+    def died():
+        rc = await_exit_file(p["exit_file"], pid)
+        os.unlink(p["pid_file"])
+        module.fail_json(msg="%s exited with status %s %.1f s after it started; full log: %s"
+                         % (argv[0], "?" if rc is None else rc, time.time() - started_at, p["log_file"]),
+                         rc=rc, log_tail=log_tail(p["log_file"], p["log_tail_lines"], offset), **result)
+
+    if p["wait_ready"]:
+        # The readiness test of state=ready, in a slice as long as the startup window, probing at least every
+        # 100 ms: the caller skips its own readiness wait when this one saw the server serve.
+        params = dict(p, log_offset=offset, slice_s=max(p["startup_check_s"], 0),
+                      poll_interval_ms=min(p["poll_interval_ms"], 100))
+        waiter = Waiter(params, pid, lambda dead: await_exit_file(p["exit_file"], dead))
+        state, elapsed, extra = waiter.run()
+        result.update(elapsed_s=round(elapsed, 1), last=waiter.last)
+        if state == "died":
+            died()
+        if state == "ready":
+            ready_result(result, waiter, pid, elapsed, extra)
+            module.exit_json(msg="started pid %d; %s" % (pid, result["progress"]), **result)
+        if state in ("stranger", "unknown_owner"):
+            result["progress"] = waiter.progress(elapsed)
+            fail_not_ready(module, params, result, waiter, pid, state, extra)
+        result["progress"] = waiter.progress(elapsed)
+        module.exit_json(msg="started pid %d; %s" % (pid, result["progress"]), **result)
+
     deadline = time.monotonic() + max(p["startup_check_s"], 0)
     while time.monotonic() < deadline:
         if process_start_epoch(pid) is None:
-            rc = await_exit_file(p["exit_file"], pid)
-            os.unlink(p["pid_file"])
-            module.fail_json(msg="%s exited with status %s %.1f s after it started; full log: %s"
-                             % (argv[0], "?" if rc is None else rc, time.time() - started_at, p["log_file"]),
-                             rc=rc, log_tail=log_tail(p["log_file"], p["log_tail_lines"], offset), **result)
+            died()
         time.sleep(0.1)
     module.exit_json(msg="started pid %d" % pid, **result)
 
@@ -894,12 +990,15 @@ def main():
             poll_interval_ms=dict(type="int", default=200),
             request_timeout_s=dict(type="float", default=30),
             startup_check_s=dict(type="float", default=2),
+            wait_ready=dict(type="bool", default=False),
+            create_dirs=dict(type="bool", default=False),
             log_tail_lines=dict(type="int", default=40),
             lock_dir=dict(type="path"),
             lock_owner=dict(type="str"),
         ),
         required_together=[("lock_dir", "lock_owner")],
         required_if=[("state", "started", ["argv", "log_file", "pid_file"]),
+                     ("wait_ready", True, ["port"]),
                      ("state", "ready", ["port"]),
                      ("state", "ready", ["pid", "pid_file", "unit"], True),
                      ("state", "port_free", ["port"])],

@@ -120,6 +120,52 @@ options:
     type: list
     elements: str
     default: ['nccl-*', 'cuda.shm.*', 'sgl_shm_*']
+  gpu_wait:
+    description:
+      - "When set, after every signalled process is gone (and the shm clean-up), wait on the target until GPU
+        memory is released, with the same loop, backends and messages as the M(nvidia_gpu_wait) module
+        (C(gpufleet_gpu_wait) module_utils): one round trip less than a separate wait task."
+      - "This call waits at most O(gpu_wait.slice_s) seconds (all of O(gpu_wait.timeout_s) when unset) and never
+        fails because of the wait: RV(gpu_wait) says whether the memory was seen released (C(ready)), since
+        when the wait runs (C(started_at)), and on a timeout or a GPU layer error its C(error_class) and message.
+        The C(gpu_memory_wait) role skips its own wait when C(ready) is true and otherwise goes on from
+        C(started_at), so a failure is reported by the wait phase (the old server is stopped; rollback
+        relaunches it)."
+      - Not used in check mode (nothing was stopped) nor when the stop fails.
+    type: dict
+    suboptions:
+      gpus:
+        description: GPUs to wait for, each an index or a UUID; empty means every GPU.
+        type: list
+        elements: raw
+        default: []
+      max_used_mib:
+        description: A GPU counts as free at or below this used memory, MiB (reserved memory excluded).
+        type: int
+        default: 1024
+      require_no_processes:
+        description: Also require that no compute process is left on the GPUs (monitors do not count).
+        type: bool
+        default: false
+      poll_interval_ms:
+        description: Milliseconds between the starts of two polls (at least 1).
+        type: int
+        default: 50
+      timeout_s:
+        description: Seconds the whole wait may take, counted from its start (C(started_at)), in this call and the caller's later ones.
+        type: float
+        default: 120
+      slice_s:
+        description: Seconds this call waits at most; unset means up to O(gpu_wait.timeout_s).
+        type: float
+      expected_count:
+        description: GPUs the host must have; fewer is recorded as C(error_class=fewer_gpus).
+        type: int
+      backend:
+        description: C(auto) (NVML, else nvidia-smi), C(nvml) or C(nvidia-smi).
+        type: str
+        choices: [auto, nvml, nvidia-smi]
+        default: auto
 attributes:
   check_mode:
     support: full
@@ -242,6 +288,19 @@ stop_ms:
   description: Milliseconds from the signals (C(started_at)) to the end of this call.
   returned: always
   type: int
+gpu_wait:
+  description:
+    - "The GPU memory wait after the stop (O(gpu_wait)): C(ready) (bool: every selected GPU was seen at or below
+      C(max_used_mib) MiB), C(started_at) (epoch s, target clock, when the wait began), C(elapsed_ms) (ms from
+      C(started_at) to the poll that saw the memory free, or to the end of this call), C(polls), C(progress)
+      (one line), C(backend), C(gpus) (per GPU C(index), C(uuid), C(memory_used_mib), C(free), ...), and when it
+      did not end well C(error_class) (C(not_released) when O(gpu_wait.timeout_s) ran out, or the GPU layer's
+      class as in M(nvidia_gpu_wait): C(driver_not_loaded), C(timeout), ...) and C(msg) (the same message
+      M(nvidia_gpu_wait) gives). C(error_class) and C(msg) are null after a release."
+  returned: when O(gpu_wait) is set, the stop is done and not in check mode
+  type: dict
+  sample: {ready: true, started_at: 1796000000.25, elapsed_ms: 180, polls: 3, backend: nvml, error_class: null,
+           progress: "GPU memory: all 8 GPUs at or below 1024 MiB with no compute process, after 0.18 s of 120 s"}
 """
 
 import fnmatch
@@ -253,6 +312,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import redact_argv
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_wait
 
 try:
     import psutil
@@ -836,6 +896,10 @@ def run(module, now=time.time):
                     continue
             result["removed_shm"].append(path)
 
+    if params["gpu_wait"] and not check:
+        # After the processes are gone: the wait never fails the stop (see the gpu_wait option).
+        result["gpu_wait"] = gpufleet_gpu_wait.wait_recorded(params["gpu_wait"], module.get_bin_path("nvidia-smi"))
+
     result["done"] = True
     result["changed"] = bool(result["signalled"] or result["removed_shm"] or result["pid_file_removed"])
     result["stop_ms"] = 0 if check else int((now() - started_at) * 1000)
@@ -864,6 +928,8 @@ def main():
             remove_stale_shm=dict(type="bool", default=True),
             shm_dir=dict(type="path", default="/dev/shm"),
             shm_patterns=dict(type="list", elements="str", default=["nccl-*", "cuda.shm.*", "sgl_shm_*"]),
+            gpu_wait=dict(type="dict", options={k: v for k, v in gpufleet_gpu_wait.WAIT_OPTIONS.items()
+                                                if k != "started_at"}),
         ),
         supports_check_mode=True,
     )

@@ -22,7 +22,7 @@ from gpufleet_cli.events import FleetProgress, build_report
 
 COMMANDS = {
     "check": "read-only fleet check (GPUs, processes, whether SGLang serves); exit 1 when a host is CRIT",
-    "restart": "rolling restart: preflight, then per host stop, wait, patch, launch, verify",
+    "restart": "rolling restart: preflight, then per host patch, stop, wait, launch, verify",
     "patch": "the NCCL patch alone (no restart)",
     "unlock": "show who holds a host's restart lock and remove it (--check only shows)",
 }

@@ -198,34 +198,67 @@ def test_port_taken_after_the_stop_names_the_holder_restores_the_file_and_says_t
     assert engine_sha(lab, host) == before_sha and launch_record(lab, host)["argv"] == record["argv"]
 
 
+# Every phase but preflight: preflight would refuse the read-only engine.py these tests set up on purpose.
+NO_PREFLIGHT = "patch,stop,wait,launch,verify"
+
+
 @pytest.mark.lab_only_once
-def test_patch_failing_after_the_stop_rolls_back(lab):
+def test_patch_failing_before_the_stop_leaves_the_old_server_serving(lab):
+    """The patch runs first, while the old server serves: its failure stops nothing and changes no file."""
     host = lab.hosts[3 % len(lab.hosts)]
     before_pid = ensure_serving(lab, host)
-    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    before_sha = engine_sha(lab, host)
     engine = engine_path(lab, host)
-    lab.fault(host, release_delay_ms=3000)
-    mounted = False
+    lab.exec(host, ["mount", "--bind", engine, engine], check=True)
     try:
-        thread, box = run_in_background(lab, limit=host, extravars=changed_config(lab, host))
-        assert wait_until_dead(lab, host, before_pid), "the stop never came"
-        # After preflight (which checks write access): engine.py becomes read-only in the host's mount namespace.
-        lab.exec(host, ["mount", "--bind", engine, engine], check=True)
-        mounted = True
         lab.exec(host, ["mount", "-o", "remount,bind,ro", engine], check=True)
-        thread.join(300)
-        runner = box["runner"]
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=changed_config(lab, host), tags=NO_PREFLIGHT)
         out = stdout_of(runner)
         assert runner.status == "failed", out[-4000:]
         assert facts(lab, runner, host, "_gpufleet_failed_phase") == "patch"
         rollback = facts(lab, runner, host, "_gpufleet_rollback")
-        assert rollback["state"] == "rolled_back", rollback
-        assert "engine.py unchanged" in rollback["detail"]
-        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+        assert rollback["state"] == "not_needed", rollback
+        # The rename onto the read-only file failed inside the module: nothing was written, nothing to put back.
+        assert ("never stopped" in rollback["detail"]
+                or "neither changed engine.py nor stopped or started a server" in rollback["detail"]), rollback
+        # nothing of the stop ran: the old server kept serving the whole time
+        assert not lab.events(runner, "runner_on_ok", "sglang_stop")
+        assert server_pid(lab, host) == before_pid and alive(lab, host, before_pid)
+        assert lab.wait_http(host, timeout_s=5) == 200
+        assert engine_sha(lab, host) == before_sha
+        row = [d for d in lab.events(runner, "playbook_on_stats")][-1]["artifact_data"]["gpufleet_restart"][host]
+        assert row["result"] == "failed" and row["phase"] == "patch" and row["downtime_s"] is None, row
+        assert "the old server still serves" in row["advice"], row
     finally:
-        if mounted:
-            lab.exec(host, ["umount", engine])
+        lab.exec(host, ["umount", engine])
+
+
+@pytest.mark.lab_only_once
+def test_wait_failing_after_the_patch_puts_engine_py_back(lab):
+    """The patch wrote engine.py before the stop; a failure in the GPU wait must put the old bytes back."""
+    host = lab.hosts[3 % len(lab.hosts)]
+    ensure_serving(lab, host)
+    before_sha = engine_sha(lab, host)
+    try:
+        # 9 GPUs demanded of an 8-GPU host: the wait fails at its first look (fewer_gpus, a host-wide cause: no
+        # relaunch). Preflight would refuse the host for the same reason, so it is skipped.
+        extra = dict(changed_config(lab, host), gpufleet_expected_gpus=9)
+        # a value no earlier run left in engine.py, so that the patch must write
+        extra["sglang_nccl_env"] = dict(extra["sglang_nccl_env"], NCCL_DEBUG_SUBSYS="INIT,%d" % time.time_ns())
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=extra, tags=NO_PREFLIGHT)
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "wait"
+        # the patch did write, before the stop
+        assert lab.events(runner, "runner_on_ok", "sglang_nccl_patch")[-1]["res"]["changed"]
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "file_only", rollback
+        assert "engine.py restored" in rollback["detail"] and "host-wide" in rollback["detail"], rollback
+        assert engine_sha(lab, host) == before_sha
+    finally:
         lab.clear_faults(host)
+    ensure_serving(lab, host)
+    assert lab.wait_http(host) == 200 and engine_sha(lab, host) == before_sha
 
 
 @pytest.mark.lab_only_once

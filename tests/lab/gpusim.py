@@ -1,6 +1,11 @@
 """Simulated NVIDIA H200 GPUs for the lab: identities, memory state and the ``nvidia-smi`` front end.
 
 Stdlib only (it runs under every host's interpreter and the simulated ``nvidia-smi`` starts once per call).
+A call should cost about what the real nvidia-smi costs (median 30.8-33.5 ms on H200, docs/benchmarks.md),
+so the lab measures gpufleet and not this simulator (issue 14): the front end runs ``python -IS`` and the
+query paths import nothing beyond os, sys, time and the C halves of json and sha256 (``json`` and ``re``
+pull in enum, functools and collections, ``socket`` and ``hashlib`` more: together ~3x the interpreter's own
+start). ``json``, ``re`` and ``socket`` are imported where the daemon, the holders and ``-q -x`` need them.
 
 Model (facts from ../../shared/recordings/h200x2-driver580/, an H200 with driver 580.159.04, CUDA 13.0):
 - 8 GPUs per host, 143771 MiB each, 616 MiB ``memory.reserved``; an idle GPU reports ``memory.used`` 0 MiB
@@ -21,10 +26,7 @@ GPU and driver faults come from ``<host dir>/faults.json`` (``lab.py fault``), r
 ``<host dir>/kmsg`` in /dev/kmsg record format (:func:`sync_kmsg`); lab hosts share the real machine's
 kernel, so modules are pointed at this file (``kmsg_path``) instead of /dev/kmsg.
 """
-import json
 import os
-import re
-import socket
 import sys
 import time
 
@@ -35,6 +37,13 @@ MEMORY_RESERVED_MIB = 616
 DRIVER_VERSION = "580.159.04"  # recordings/h200x2-driver580/README.md
 CUDA_VERSION = "13.0"
 POWER_LIMIT_W = 700.0
+#: Least age of one simulated nvidia-smi process, ms (:func:`process_age_s`). The real call's median on H200
+#: is 30.8-33.5 ms as a Python caller sees it (docs/benchmarks.md "Costs of one call"), fork, exec and reap
+#: included; those happen outside the child and cost a few ms on an idle machine, so the child itself lives
+#: at least 28 ms. Made up by sleeping: it costs the machine no CPU, as the real call mostly waits on the
+#: driver. A busy machine makes the call longer anyway (the interpreter's own start is ~20 ms there). Knob
+#: ``smi_cost_ms`` (0: as fast as the simulator can).
+SMI_COST_MS = 28.0
 # Per-context overhead seen in loaded-query-gpu.csv (31339 MiB used for a 31330 MiB process).
 CONTEXT_OVERHEAD_MIB = 9
 GPUSIMD_SOCKET = "\0gpufleet-lab-gpusimd"
@@ -60,7 +69,7 @@ SMI_FAULT_TEXTS = {
     255: "Unable to determine the device handle for GPU %s: Unknown Error\n",
 }
 #: Faults the simulated nvidia-smi honours (the rest of lab.FAULT_KNOBS concern gpusimd and the stand-in).
-SMI_FAULT_KNOBS = ("smi_rc", "smi_hang_s", "smi_field_values", "ecc_errors", "remap_pending", "throttle",
+SMI_FAULT_KNOBS = ("smi_rc", "smi_hang_s", "smi_cost_ms", "smi_field_values", "ecc_errors", "remap_pending", "throttle",
                    "mig_on", "nvlink_down", "gpus_visible", "xid")
 FAULT_GPU = 1  # the GPU that smi_rc 15/255, ecc_errors, remap_pending, throttle, nvlink_down and xid hit
 CLOCK_REASON_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4,
@@ -86,10 +95,16 @@ class SmiError(Exception):
 # ---------------------------------------------------------------------------------------------------
 def gpu_identities(host_name):
     """List of dicts (index, uuid, pci_bus_id, serial) for a host: stable per host name, distinct."""
-    import hashlib
+    try:  # the builtin sha256 (no OpenSSL start-up); same digest as hashlib's
+        from _sha256 import sha256  # Python <= 3.11
+    except ImportError:
+        try:
+            from _sha2 import sha256  # Python >= 3.12
+        except ImportError:
+            from hashlib import sha256
     out = []
     for i in range(GPU_COUNT):
-        h = hashlib.sha256(("%s/%d" % (host_name, i)).encode()).hexdigest()
+        h = sha256(("%s/%d" % (host_name, i)).encode()).hexdigest()
         uuid = "GPU-%s-%s-%s-%s-%s" % (h[0:8], h[8:12], h[12:16], h[16:20], h[20:32])
         # H200 HGX boards sit on separate PCIe buses; keep the recorded "domain:bus:device.function" form.
         bus = [0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB][i]
@@ -103,15 +118,45 @@ def gpu_identities(host_name):
     return out
 
 
+class _ScanContext:
+    """What ``_json.make_scanner`` reads from a JSONDecoder: json.loads' defaults."""
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}.__getitem__
+    memo = None
+
+
+def loads(text):
+    """``json.loads`` for a JSON document, through the C scanner json itself uses (``_json``) so that a
+    simulated nvidia-smi call does not import json (and with it re): see the module docstring."""
+    try:
+        from _json import make_scanner
+    except ImportError:  # an interpreter without the C accelerator
+        import json
+        return json.loads(text)
+    start = len(text) - len(text.lstrip(" \t\n\r"))
+    try:
+        value, end = make_scanner(_ScanContext())(text, start)
+    except StopIteration as exc:
+        raise ValueError("not a JSON document (at character %s)" % exc.value)
+    if text[end:].strip(" \t\n\r"):
+        raise ValueError("extra data after the JSON document (at character %d)" % end)
+    return value
+
+
 def read_json(path, default):
     try:
         with open(path) as fh:
-            return json.load(fh)
+            return loads(fh.read())
     except (OSError, ValueError):
         return default
 
 
 def write_json_atomic(path, data):
+    import json
     tmp = "%s.tmp.%d" % (path, os.getpid())
     with open(tmp, "w") as fh:
         json.dump(data, fh, indent=1, sort_keys=True)
@@ -175,6 +220,8 @@ def hold(gpu, mib, name=None, pid=None):
 
     Raises OSError when the host has no gpusimd (not inside a lab host's network namespace).
     """
+    import json
+    import socket
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(GPUSIMD_SOCKET)
     msg = {"op": "hold", "gpu": int(gpu), "mib": int(mib)}
@@ -197,6 +244,7 @@ def hold(gpu, mib, name=None, pid=None):
 
 def report_util(sock, gpus, pct):
     """Tell gpusimd the utilization (%) of ``gpus`` over an open connection (load from /generate)."""
+    import json
     sock.sendall((json.dumps({"op": "util", "gpus": list(gpus), "pct": int(pct)}) + "\n").encode())
 
 
@@ -204,15 +252,22 @@ def report_util(sock, gpus, pct):
 # Field table for --query-gpu / --query-compute-apps
 # ---------------------------------------------------------------------------------------------------
 def _help_fields(fname):
-    """{name or alias: canonical (first) name} parsed from the recorded --help-query-* text."""
+    """{name or alias: canonical (first) name} parsed from the recorded --help-query-* text: the lines
+    ``"name"`` or ``"name" or "alias"`` (string operations, not re: see the module docstring)."""
     names = {}
     with open(os.path.join(_DATA, fname)) as fh:
         for line in fh:
-            m = re.match(r'^"([A-Za-z_][^"]*)"(?: or "([^"]+)")?\s*$', line)
-            if m:
-                names[m.group(1)] = m.group(1)
-                if m.group(2):
-                    names[m.group(2)] = m.group(1)
+            if line[:1] != '"':
+                continue
+            parts = line.rstrip().split('"')
+            first = parts[1]
+            if not first or not first[0].isascii() or not (first[0].isalpha() or first[0] == "_"):
+                continue
+            if len(parts) == 3 and parts[2] == "":
+                names[first] = first
+            elif len(parts) == 5 and parts[2] == " or " and parts[3] and parts[4] == "":
+                names[first] = first
+                names[parts[3]] = first
     return names
 
 
@@ -240,6 +295,29 @@ def _unit_for(name):
 
 def _gpu_value(name, g, host_dir, now):
     """(value, unit or None) for one canonical field of one GPU snapshot."""
+    fixed = g.get("_fixed")
+    if fixed is None:  # built once per GPU and call: a details query asks 39 fields of 8 GPUs
+        fixed = g["_fixed"] = _gpu_fixed(g, now)
+    faults = g.get("faults") or {}
+    hit = g["index"] == FAULT_GPU
+    overrides = faults.get("smi_field_values") or {}
+    if name in overrides:
+        return overrides[name], None
+    if name.startswith("ecc.errors."):
+        ecc = faults.get("ecc_errors") if hit else None
+        if ecc and name.endswith(".total") and (".volatile." in name or ".aggregate." in name):
+            return str(int(ecc)), None
+        return "0", None
+    if name.startswith("clocks_event_reasons.") and name not in fixed:
+        return "Not Active", None
+    if name.startswith("clocks_event_reasons_counters."):
+        return "0", None
+    value = fixed.get(name, NA)
+    return value, _unit_for(name)
+
+
+def _gpu_fixed(g, now):
+    """{canonical field: value} of one GPU snapshot, faults applied (but smi_field_values, ecc_errors)."""
     used = g["used_mib"]
     busy = used > 0
     util = g["util"]
@@ -312,7 +390,7 @@ def _gpu_value(name, g, host_dir, now):
         "c2c.mode": "Disabled",
         # recordings/h200x1-health-driver580: no NVSwitch fabric seen from one GPU -> "N/A" without brackets
         "fabric.state": "N/A", "fabric.status": "N/A",
-        "hostname": socket.gethostname(),
+        "hostname": os.uname().nodename,  # what socket.gethostname() returns, without importing socket
     }
     faults = g.get("faults") or {}
     hit = g["index"] == FAULT_GPU
@@ -331,20 +409,7 @@ def _gpu_value(name, g, host_dir, now):
         fixed["clocks_event_reasons.gpu_idle"] = "Not Active"
         for reason in names:
             fixed["clocks_event_reasons." + reason] = "Active"
-    overrides = faults.get("smi_field_values") or {}
-    if name in overrides:
-        return overrides[name], None
-    if name.startswith("ecc.errors."):
-        ecc = faults.get("ecc_errors") if hit else None
-        if ecc and name.endswith(".total") and (".volatile." in name or ".aggregate." in name):
-            return str(int(ecc)), None
-        return "0", None
-    if name.startswith("clocks_event_reasons.") and name not in fixed:
-        return "Not Active", None
-    if name.startswith("clocks_event_reasons_counters."):
-        return "0", None
-    value = fixed.get(name, NA)
-    return value, _unit_for(name)
+    return fixed
 
 
 def _app_value(name, app, g, now):
@@ -519,6 +584,7 @@ def table(gpus, now, host_dir):
 
 
 def _xml_sub(block, tag, value):
+    import re
     return re.sub(r"<%s>[^<]*</%s>" % (tag, tag), "<%s>%s</%s>" % (tag, value, tag), block, count=1)
 
 
@@ -678,7 +744,32 @@ def main(argv=None, host_dir=None):
     text, rc = run(sys.argv[1:] if argv is None else argv, host_dir)
     sys.stdout.write(text)
     sys.stdout.flush()
+    pad_to_real_cost(read_json(os.path.join(host_dir, "faults.json"), {}).get("smi_cost_ms"))
     return rc
+
+
+def process_age_s():
+    """Seconds this process has been running or waiting for a CPU since it was forked: the first two
+    fields of /proc/self/schedstat (ns on a CPU, ns runnable in the run queue). Up to the sleep below the
+    simulator never blocks but on page-cache reads, so this is its age within a millisecond or two, at
+    a 1 ns resolution that /proc/self/stat's start time (10 ms ticks) lacks. Without schedstat: the CPU
+    time, which misses the run-queue wait of a busy machine."""
+    try:
+        with open("/proc/self/schedstat") as fh:
+            on_cpu, queued = fh.read().split()[:2]
+        return (int(on_cpu) + int(queued)) / 1e9
+    except (OSError, ValueError):
+        return time.process_time()
+
+
+def pad_to_real_cost(cost_ms=None):
+    """Sleep until this process has lasted ``cost_ms`` (None: SMI_COST_MS): the answer is written already,
+    the caller waits for the exit as it waits for the real nvidia-smi's. A busy machine may already have
+    made the call longer; nothing is added then."""
+    cost_ms = SMI_COST_MS if cost_ms is None or cost_ms is False else float(cost_ms)
+    left = cost_ms / 1000.0 - process_age_s()
+    if left > 0:
+        time.sleep(left)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ FAULT_KNOBS = {
     # GPU and driver faults of the simulated nvidia-smi (gpusim.SMI_FAULT_KNOBS); "GPU 1" = gpusim.FAULT_GPU
     "smi_rc": "nvidia-smi exits 6|9|15|18|255 with the real driver's text (255: GPU 1's row is the error line)",
     "smi_hang_s": "every nvidia-smi call sleeps this long before answering (float)",
+    "smi_cost_ms": "least age of an nvidia-smi process, ms (float, default 28: with the caller's fork/exec about the real H200 median; 0 = none)",
     "smi_field_values": "{field: raw} printed for every GPU, e.g. {\"memory.used\": \"[N/A]\"} (dict)",
     "ecc_errors": "GPU 1 reports N corrected and N uncorrected ECC errors, volatile and aggregate (int)",
     "remap_pending": "GPU 1 has a pending row remap, 1 uncorrectable row (bool)",
@@ -231,9 +232,10 @@ def make_host_files(names, i, k, version, lower, deps, base_python, release_dela
     host["site_packages"] = site
     smi = os.path.join(hdir, "bin", "nvidia-smi")
     with open(smi, "w") as fh:
-        # -IS (isolated, no site): gpusim needs only the standard library; skipping site start-up brings a call
-        # to about 40 ms, near the real nvidia-smi's ~32 ms (issue 14), so the lab measures gpufleet, not the
-        # simulator.
+        # -IS (isolated, no site): gpusim needs only the standard library, and its query paths import no more
+        # than os, sys, time, _json and _sha256 (gpusim's docstring); a call costs about what the real
+        # nvidia-smi's does (~32 ms, issue 14; docs/benchmarks.md), so the lab measures gpufleet, not the
+        # simulator. tests/lab/smi_cost.py measures it.
         fh.write("#!%s -IS\n# gpufleet lab: simulated nvidia-smi of %s\nimport sys\nsys.path.insert(0, %r)\n"
                  "import gpusim\nsys.exit(gpusim.main(host_dir=%r))\n" % (base_python, name, HERE, hdir))
     os.chmod(smi, 0o755)

@@ -87,21 +87,26 @@ def run_main(monkeypatch, module, args):
 
 
 def write_fake_smi(directory, state="loaded", apps_extra=(), fail=None, invalid_fields=(), overrides=None,
-                   hang_s=0):
+                   hang_s=0, call_log=None):
     """Write an executable ``nvidia-smi`` into ``directory`` that replays the recordings (RecordedSmi).
 
     ``apps_extra`` are raw compute-apps lines given as bytes (to emit invalid UTF-8 as a real driver
     would for a process name); ``overrides`` {field: raw} are printed for every GPU; ``hang_s`` sleeps
-    before answering (a wedged GPU). Returns the directory (prepend it to PATH).
+    before answering (a wedged GPU); ``call_log`` (a path) gets one line per run, its arguments joined by
+    spaces, so a test can count the runs. Returns the directory (prepend it to PATH).
     """
     path = os.path.join(str(directory), "nvidia-smi")
     config = {"state": state, "apps_extra": [a.hex() for a in apps_extra], "fail": fail,
-              "invalid_fields": list(invalid_fields), "overrides": overrides or {}, "hang_s": hang_s}
+              "invalid_fields": list(invalid_fields), "overrides": overrides or {}, "hang_s": hang_s,
+              "call_log": str(call_log) if call_log else None}
     script = """#!%(python)s
 import sys
 sys.path.insert(0, %(unit)r)
 from fake_pynvml import RecordedSmi
 cfg = %(cfg)r
+if cfg["call_log"]:
+    with open(cfg["call_log"], "a") as log:
+        log.write(" ".join(sys.argv[1:]) + "\\n")
 if cfg["hang_s"]:
     import time
     time.sleep(cfg["hang_s"])

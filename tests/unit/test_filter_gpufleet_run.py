@@ -86,6 +86,16 @@ def test_ok_row_counts_downtime_from_stop_to_ready():
     assert set(row) == set(run.ROW_KEYS)
 
 
+def test_downtime_comes_from_the_targets_clock_when_stop_and_ready_times_are_known():
+    # The target's SIGTERM and first-ready times win over the controller's task boundaries (and their skew).
+    row = run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.34, stop_signal_epoch=5000.5,
+                                        ready_target_epoch=5003.04))
+    assert row["downtime_s"] == 2.5
+    # Only one of the two known: the controller pair, as before.
+    row = run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.34, stop_signal_epoch=5000.5, ready_target_epoch=None))
+    assert row["downtime_s"] == 12.3
+
+
 def test_first_run_without_an_old_server_has_no_downtime():
     row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0))
     assert row["downtime_s"] == 0.0 and row["old_pid"] is None and row["result"] == "ok"

@@ -367,3 +367,70 @@ def test_xid_knob_writes_kmsg_records_the_module_reader_parses(idle_host):
     assert "GPU has fallen off the bus." in events[0]["text"]
     gpusim.sync_kmsg(idle_host, {})
     assert K.read_xid_kmsg(gpusim.kmsg_path(idle_host), window_min=5) == []
+
+
+# --- the cost of a call (issue 14): the query paths import no heavy module, and a call lasts at least the
+# real nvidia-smi's median (padding by sleep), so the lab measures gpufleet, not the simulator.
+
+def _front_end(host_dir, python=None):
+    """A front end written as lab.py writes it (interpreter -IS, gpusim from tests/lab)."""
+    path = os.path.join(host_dir, "nvidia-smi")
+    with open(path, "w") as fh:
+        fh.write("#!%s -IS\nimport sys\nsys.path.insert(0, %r)\nimport gpusim\nsys.exit(gpusim.main(host_dir=%r))\n"
+                 % (python or getattr(sys, "_base_executable", sys.executable), LAB, host_dir))
+    os.chmod(path, 0o755)
+    return path
+
+
+def test_query_paths_import_neither_json_re_socket_nor_hashlib(loaded_host):
+    import subprocess
+    probe = ("import sys\nsys.path.insert(0, %r)\nimport gpusim\n"
+             "for argv in ([%r, '--format=csv,noheader,nounits'], [], ['nvlink', '-s'], ['nvlink', '-e'],\n"
+             "             ['--query-compute-apps=pid,used_memory,gpu_uuid,gpu_bus_id,process_name', '--format=csv']):\n"
+             "    assert gpusim.run(argv, %r)[1] == 0, argv\n"
+             "print(','.join(m for m in ('json', 're', 'socket', 'hashlib', '_hashlib', 'enum') if m in sys.modules))\n"
+             % (LAB, "--query-gpu=" + _health_fields(), loaded_host))
+    done = subprocess.run([getattr(sys, "_base_executable", sys.executable), "-IS", "-c", probe],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
+
+
+def test_reading_json_without_the_json_module_gives_what_json_gives(tmp_path):
+    import json
+    for text in ('{"allocs": [{"gpu": 0, "mib": 31330, "pid": 7, "released_at": 1764600000.25, "name": null}],'
+                 ' "util": {"0": 40}, "ok": true, "neg": -1.5e3, "s": "caf\\u00e9 \\"q\\""}\n',
+                 '  [1, 2.5, "x", false]\n', '{}', '"just a string"'):
+        assert gpusim.loads(text) == json.loads(text)
+    for bad in ("", "{", '{"a": 1} trailing', "{'a': 1}", "nul"):
+        with pytest.raises(ValueError):
+            gpusim.loads(bad)
+    (tmp_path / "half.json").write_text('{"allocs": [')
+    assert gpusim.read_json(str(tmp_path / "half.json"), "default") == "default"
+
+
+def test_help_field_table_parses_every_recorded_name_and_alias():
+    import re
+    for fname in ("help-query-gpu.txt", "help-query-compute-apps.txt"):
+        expected = {}
+        with open(os.path.join(REC, fname)) as fh:
+            for line in fh:
+                m = re.match(r'^"([A-Za-z_][^"]*)"(?: or "([^"]+)")?\s*$', line)
+                if m:
+                    expected[m.group(1)] = m.group(1)
+                    if m.group(2):
+                        expected[m.group(2)] = m.group(1)
+        assert gpusim._help_fields(fname) == expected and len(expected) >= 10
+
+
+def test_a_call_lasts_at_least_the_cost_knob_and_writes_its_answer_first(idle_host):
+    import subprocess
+    import time
+    smi = _front_end(idle_host)
+    fault(idle_host, smi_cost_ms=400)
+    t = time.monotonic()
+    done = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("GPU 0: NVIDIA H200")
+    assert time.monotonic() - t >= 0.4
+    # the default floor is the real nvidia-smi's median (docs/benchmarks.md), 0 turns it off
+    assert gpusim.SMI_COST_MS == 28.0 and "smi_cost_ms" in gpusim.SMI_FAULT_KNOBS

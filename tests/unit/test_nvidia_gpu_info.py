@@ -227,7 +227,7 @@ def test_info_on_a_hung_nvidia_smi_fails_as_timeout_within_timeout_s(monkeypatch
     t = time.monotonic()
     done = run_main(monkeypatch, MODULE, {"timeout_s": 1, "processes": False})
     assert done.failed and done.result["error_class"] == "timeout" and time.monotonic() - t < 4
-    assert done.result["msg"].startswith("`nvidia-smi --query-gpu=index,uuid,pci.bus_id,name")
+    assert done.result["msg"].startswith("`nvidia-smi --query-gpu=index,uuid,pci.bus_id,serial,")
 
 
 def test_info_nvlink_state_through_nvml(monkeypatch, nvml, no_holders):
@@ -251,3 +251,48 @@ def test_documentation_parses_and_documents_every_option(name, options):
             if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") in ("DOCUMENTATION", "RETURN", "EXAMPLES")}
     assert set(docs["DOCUMENTATION"]["options"]) == options
     assert "error_class" in docs["RETURN"] and isinstance(docs["EXAMPLES"], list)
+
+
+def test_info_runs_nvidia_smi_five_times_for_a_full_read_and_twice_for_a_bare_one(monkeypatch, smi_only,
+                                                                                   no_holders, tmp_path):
+    """Issue 14: the open runs the full details query (it carries the inventory and the driver version),
+    so one call costs 5 runs (was 7): details, the banner for CUDA, nvlink -s, nvlink -e, compute apps."""
+    log = tmp_path / "smi-calls"
+    smi_only(state="loaded", call_log=log)
+    done = run_main(monkeypatch, MODULE, {})
+    assert not done.failed, done.result
+    calls = log.read_text().splitlines()
+    assert [c.split("=", 1)[0] for c in calls] == ["--query-gpu", "", "nvlink -s", "nvlink -e",
+                                                   "--query-compute-apps"]
+    assert calls[0] == "--query-gpu=%s --format=csv,noheader,nounits" % ",".join(f for f, _, _ in G.SMI_GPU_QUERY)
+    assert done.result["driver_version"] == "580.159.04" and done.result["gpus"][1]["pci_bus_id"]
+    log.write_text("")
+    assert not run_main(monkeypatch, MODULE, {"processes": False, "nvlink": False}).failed
+    assert [c.split("=", 1)[0] for c in log.read_text().splitlines()] == ["--query-gpu", ""]
+
+
+def test_info_reads_the_same_through_the_prefetched_details_as_through_separate_queries(no_holders):
+    """The prefetching open gives gather() what the probe + driver + details queries gave, field for field,
+    also when the driver rejects an optional field (rc 2, dropped and retried once)."""
+    from fake_pynvml import RecordedSmi
+    for rejected in ((), ("memory.reserved",)):
+        results, runs = [], []
+        for prefetch in (False, True):
+            smi = RecordedSmi(state="loaded", invalid_fields=rejected)
+            backend = G.SmiBackend(smi, "nvidia-smi", prefetch_details=prefetch).open()
+            results.append(MODULE.gather(backend, [], processes=True, exclude_pids=set()))
+            runs.append(len(smi.calls))
+        assert results[0] == results[1]
+        assert runs == [7 + len(rejected), 5 + len(rejected)]
+    gpu = results[1]["gpus"][0]
+    assert gpu["memory_reserved_mib"] is None and "not known" in gpu["unsupported"]["memory_reserved_mib"]
+
+
+def test_info_prefetched_details_serve_one_details_call_only(no_holders):
+    """A second details() in the same session reads the driver again (a prefetched snapshot must not go stale)."""
+    from fake_pynvml import RecordedSmi
+    smi = RecordedSmi(states=["loaded", "idle"])
+    backend = G.SmiBackend(smi, "nvidia-smi", prefetch_details=True).open()
+    assert backend.details()[0]["memory_used_mib"] > 30000
+    assert backend.details()[0]["memory_used_mib"] == 0
+    assert len(smi.calls) == 2

@@ -3,6 +3,7 @@
 Real releases are exercised in test_sglang_nccl_patch_releases.py; here the file is small so that every edge
 (CRLF, no trailing newline, malformed markers, check mode, modes, backups) can be set up precisely.
 """
+import hashlib
 import importlib.util
 import json
 import os
@@ -284,6 +285,54 @@ def test_backup_keeps_original_bytes(tmp_path, capsys):
         assert handle.read() == before
     again = run_main(capsys, {"path": str(path), "env": ENV, "backup": True})
     assert again["backup_file"] is None  # nothing changed, nothing backed up
+
+
+def test_previous_file_keeps_the_bytes_before_the_change_with_their_sha256_and_mode(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    os.chmod(path, 0o640)
+    before = path.read_bytes()
+    prev = tmp_path / "state" / "sub" / "engine.py.prev"  # parent directories are created
+    result = run_main(capsys, {"path": str(path), "env": ENV, "previous_file": str(prev)})
+    assert result["_rc"] == 0 and result["changed"]
+    assert prev.read_bytes() == before and path.read_bytes() != before
+    assert result["previous"] == {"path": str(path), "previous_file": str(prev),
+                                  "sha256": hashlib.sha256(before).hexdigest()}
+    assert stat.S_IMODE(prev.stat().st_mode) == 0o640
+    assert stat.S_IMODE(prev.parent.stat().st_mode) & 0o755 == 0o755
+    assert [n for n in os.listdir(prev.parent) if n != "engine.py.prev"] == []  # no temporary file left
+
+
+def test_sha256_is_that_of_the_bytes_left_in_the_file(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    before = path.read_bytes()
+    checked = run_main(capsys, {"path": str(path), "env": ENV}, check_mode=True)
+    assert checked["sha256"] == hashlib.sha256(before).hexdigest()  # check mode: nothing written
+    written = run_main(capsys, {"path": str(path), "env": ENV})
+    assert written["changed"] and written["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest() != checked["sha256"]
+    again = run_main(capsys, {"path": str(path), "env": ENV})
+    assert not again["changed"] and again["sha256"] == written["sha256"]
+
+
+def test_previous_file_is_not_written_when_nothing_changes_or_in_check_mode(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    prev = tmp_path / "engine.py.prev"
+    checked = run_main(capsys, {"path": str(path), "env": ENV, "previous_file": str(prev)}, check_mode=True)
+    assert checked["changed"] and checked["previous"] is None and not prev.exists()
+    run_main(capsys, {"path": str(path), "env": ENV})
+    again = run_main(capsys, {"path": str(path), "env": ENV, "previous_file": str(prev)})
+    assert not again["changed"] and again["previous"] is None and not prev.exists()
+
+
+def test_previous_file_that_cannot_be_written_fails_before_the_file_is_touched(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    before = path.read_bytes()
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    result = run_main(capsys, {"path": str(path), "env": ENV, "previous_file": str(blocker / "engine.py.prev")})
+    assert result["_rc"] == 1 and result["failed"]
+    assert "cannot keep the current bytes" in result["msg"] and "The file is unchanged" in result["msg"]
+    assert result["previous"] is None
+    assert path.read_bytes() == before
 
 
 def test_absent_restores_original_bytes(tmp_path, capsys):

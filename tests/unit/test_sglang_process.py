@@ -356,3 +356,96 @@ def test_check_mode_start_warns_about_a_held_port_instead_of_failing(tmp_path, c
     assert rc == 0 and result["changed"] and result["pid"] is None and not (tmp_path / "s.pid").exists()
     # ansible-core 2.19+ reports warnings as structured summaries, older ones as strings: look at the text
     assert "port %d is held now by pid %d" % (port, os.getpid()) in json.dumps(result.get("warnings"))
+
+
+# ------------------------------------------------------------------ state=started with wait_ready / create_dirs
+
+def test_start_with_wait_ready_returns_once_the_server_answers_on_its_own_socket(tmp_path, capsys):
+    port = _free_port()
+    before = time.time()
+    rc, started = _start(tmp_path, capsys, HTTP_SERVER % (0.5, port), startup_check_s=20, wait_ready=True,
+                         port=port, url="http://127.0.0.1:%d/health_generate" % port, poll_interval_ms=200)
+    try:
+        assert rc == 0 and started["started"] is True and started["ready"] is True
+        # It returned at readiness (after the 0.5 s "load"), not at the end of the 20 s window.
+        assert started["ready_wait_ms"] >= 400
+        assert started["ready_epoch"] - started["started_at"] < 20
+        assert before <= started["started_at"] <= started["ready_epoch"] <= time.time()
+        assert "answered on pid %d's socket" % started["pid"] in started["progress"]
+    finally:
+        _kill_group(started["pid"])
+
+
+def test_start_with_wait_ready_returns_not_ready_when_the_window_ends_first(tmp_path, capsys):
+    port = _free_port()
+    rc, started = _start(tmp_path, capsys, HTTP_SERVER % (30, port), startup_check_s=0.5, wait_ready=True,
+                         port=port, url="http://127.0.0.1:%d/health_generate" % port)
+    try:
+        assert rc == 0 and started["started"] is True and started["ready"] is False
+        assert started["ready_epoch"] is None and started["ready_wait_ms"] is None
+        assert started["last"] == "connection refused"
+        assert proc_mod.pid_alive(started["pid"])
+        # ready.yml goes on from here with state=ready, as before.
+        rc, result = _ready(tmp_path, capsys, started, port, slice_s=0)
+        assert rc == 0 and result["ready"] is False
+    finally:
+        _kill_group(started["pid"])
+
+
+def test_start_with_wait_ready_fails_with_the_exit_status_of_a_server_that_dies(tmp_path, capsys):
+    port = _free_port()
+    rc, result = _start(tmp_path, capsys, "import sys,time;print('bad flag',flush=True);time.sleep(0.3);sys.exit(3)",
+                        startup_check_s=10, wait_ready=True, port=port)
+    assert rc == 1 and result["rc"] == 3 and "exited with status 3" in result["msg"]
+    assert "bad flag" in result["log_tail"]
+    assert not (tmp_path / "s.pid").exists()
+
+
+def test_start_with_wait_ready_refuses_a_stranger_that_took_the_port(tmp_path, capsys):
+    import http.server
+    import threading
+    port = _free_port()
+    code = "import time;time.sleep(30)"
+    stray = {}
+
+    def take_port():  # after the start's own port check, while the server "loads"
+        time.sleep(0.3)
+        stray["server"] = http.server.HTTPServer(("127.0.0.1", port), http.server.BaseHTTPRequestHandler)
+        stray["server"].serve_forever()
+
+    thread = threading.Thread(target=take_port, daemon=True)
+    thread.start()
+    rc, result = _start(tmp_path, capsys, code, startup_check_s=10, wait_ready=True, port=port)
+    try:
+        assert rc == 1 and result["ready"] is False
+        assert "port %d is answered by pid %d" % (port, os.getpid()) in result["msg"]
+    finally:
+        if "server" in stray:
+            stray["server"].shutdown()
+            stray["server"].server_close()
+        _kill_group(result["pid"])
+
+
+def test_wait_ready_needs_a_port(tmp_path, capsys):
+    rc, result = _start(tmp_path, capsys, "pass", wait_ready=True)
+    assert rc == 1 and "port" in result["msg"]
+
+
+def test_create_dirs_makes_the_state_dir_before_the_start(tmp_path, capsys):
+    state = tmp_path / "state" / "deeper"
+    rc, result = run_main({"argv": [sys.executable, "-c", "import time;time.sleep(30)"],
+                           "log_file": str(state / "s.log"), "pid_file": str(state / "s.pid"),
+                           "startup_check_s": 0.1, "create_dirs": True}, capsys)
+    try:
+        assert rc == 0 and result["started"] and result["created_dirs"] == [str(state)]
+        assert state.is_dir() and (state / "s.pid").read_text().strip() == str(result["pid"])
+    finally:
+        _kill_group(result["pid"])
+
+
+def test_create_dirs_in_check_mode_creates_nothing(tmp_path, capsys):
+    state = tmp_path / "state"
+    rc, result = run_main({"argv": ["/bin/true"], "log_file": str(state / "s.log"), "pid_file": str(state / "s.pid"),
+                           "create_dirs": True, "_ansible_check_mode": True}, capsys)
+    assert rc == 0 and result["changed"] and result["created_dirs"] == [str(state)]
+    assert not state.exists()

@@ -504,3 +504,95 @@ def test_progress_line_names_waiting_processes_and_the_grace():
     assert line == ("waiting for 7 of 8 processes to exit after SIGTERM: pid 100 sglang::scheduler_TP0, "
                     "pid 101 sglang::scheduler_TP1, pid 102 sglang::scheduler_TP2, pid 103 sglang::scheduler_TP3, "
                     "pid 104 sglang::scheduler_TP4 and 2 more; 20 s of 60 s grace, then SIGKILL")
+
+
+# ---------------------------------------------------------------------------------------------------
+# gpu_wait: the GPU memory wait after the stop (module_utils gpufleet_gpu_wait, shared with nvidia_gpu_wait)
+# ---------------------------------------------------------------------------------------------------
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu as G  # noqa: E402
+from fake_pynvml import make_fake_nvml  # noqa: E402
+from gpu_module_harness import use_recorded_processes  # noqa: E402
+
+
+def _nothing_to_stop(tmp_path, **gpu_wait):
+    return {"pattern": "no-such-title-" + uuid.uuid4().hex, "pid_file": str(tmp_path / "x.pid"),
+            "shm_dir": str(tmp_path), "gpu_wait": gpu_wait}
+
+
+def test_gpu_wait_after_the_stop_reports_the_release_it_saw(unique_title, tmp_path, capsys, monkeypatch):
+    use_recorded_processes(monkeypatch)
+    fake = make_fake_nvml("loaded")
+    real = fake.nvmlDeviceGetMemoryInfo
+
+    def memory(handle, version=None):
+        if fake.fake.memory_calls >= 2 * 3:  # 2 GPUs per poll: free at the 4th poll
+            for gpu in fake.fake.gpus:
+                gpu["used"] = 0
+                gpu["procs"] = []
+        return real(handle, version)
+
+    fake.nvmlDeviceGetMemoryInfo = memory
+    monkeypatch.setattr(G, "pynvml", fake)
+    child = _start_titled(unique_title)
+    try:
+        result = run_main(stop, {"pattern": re.escape(unique_title), "grace_s": 5, "shm_dir": str(tmp_path),
+                                 "gpu_wait": {"poll_interval_ms": 10, "timeout_s": 30,
+                                              "require_no_processes": True}}, capsys)
+        child.wait(timeout=5)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert result["done"] and result["signalled"][0]["ended"] == "after SIGTERM"
+    waited = result["gpu_wait"]
+    assert waited["ready"] is True and waited["error_class"] is None
+    assert waited["polls"] == 4 and waited["backend"] == "nvml"
+    # The wait starts once the processes are gone: after the signals, on the target's clock.
+    assert waited["started_at"] >= result["started_at"]
+    assert all(g["free"] for g in waited["gpus"])
+
+
+def test_gpu_wait_timeout_does_not_fail_the_stop_and_names_the_holders(tmp_path, capsys, monkeypatch):
+    use_recorded_processes(monkeypatch)
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
+    result = run_main(stop, _nothing_to_stop(tmp_path, timeout_s=0.2, poll_interval_ms=20), capsys)
+    assert not result.get("failed") and result["done"]
+    waited = result["gpu_wait"]
+    assert waited["ready"] is False and waited["error_class"] == "not_released"
+    # The same operator message nvidia_gpu_wait fails with: GPU, MiB, the owning process.
+    assert waited["msg"].startswith("GPU memory not released after 0.2 s")
+    assert "held by pid" in waited["msg"]
+
+
+def test_gpu_wait_slice_with_time_left_is_not_an_error(tmp_path, capsys, monkeypatch):
+    use_recorded_processes(monkeypatch)
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
+    before = time.time()
+    result = run_main(stop, _nothing_to_stop(tmp_path, timeout_s=60, slice_s=0.2, poll_interval_ms=50), capsys)
+    waited = result["gpu_wait"]
+    assert waited["ready"] is False and waited["error_class"] is None
+    assert before <= waited["started_at"] <= time.time()
+    assert "above 1024 MiB" in waited["progress"]
+
+
+def test_gpu_wait_records_a_gpu_layer_error_with_its_class(tmp_path, capsys, monkeypatch):
+    use_recorded_processes(monkeypatch)
+    fake = make_fake_nvml("loaded")
+    fake.fake.lost = {0}
+    monkeypatch.setattr(G, "pynvml", fake)
+    result = run_main(stop, _nothing_to_stop(tmp_path, timeout_s=5, backend="nvml"), capsys)
+    assert not result.get("failed")
+    waited = result["gpu_wait"]
+    assert waited["ready"] is False and waited["error_class"] == "gpu_lost" and waited["msg"]
+
+
+def test_gpu_wait_bad_option_is_recorded_not_raised(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("idle"))
+    result = run_main(stop, _nothing_to_stop(tmp_path, poll_interval_ms=0), capsys)
+    assert result["gpu_wait"]["error_class"] == "bad_option"
+    assert "poll_interval_ms" in result["gpu_wait"]["msg"]
+
+
+def test_gpu_wait_is_skipped_in_check_mode(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
+    args = dict(_nothing_to_stop(tmp_path, timeout_s=5), _ansible_check_mode=True)
+    assert "gpu_wait" not in run_main(stop, args, capsys)
