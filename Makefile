@@ -79,10 +79,15 @@ ROLL_LAB_DIR ?= .lab-roll
 roll-under-load: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python tests/lab/roll_under_load.py --hosts $(ROLL_HOSTS) --lab-dir $(ROLL_LAB_DIR)
 
+# Two pytest workers (pytest-xdist), one test file each at a time (module fixtures set up once; each worker brings
+# up its own lab): the lab scenarios wait on SSH round trips and server starts, so two streams share 2 cores well
+# (first pass 70 min -> 49 min on a 2-core machine). PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 test: SYSTEMD_LAB = 1
 test: setup venv-new
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
-	PATH=$(CURDIR)/$(VENV_NEW)/bin:$$PATH $(VENV_NEW)/bin/python -m pytest -m "not lab_only_once" $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(VENV_NEW)/bin:$$PATH $(VENV_NEW)/bin/python -m pytest -m "not lab_only_once" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-config validate -t all

@@ -94,6 +94,7 @@ def test_restart_with_api_key_never_shows_it_and_the_server_demands_it(lab):
         assert restore.status == "successful", stdout_of(restore)[-3000:]
 
 
+@pytest.mark.lab_only_once
 def test_verify_without_the_key_names_sglang_api_key(lab):
     host = lab.hosts[0]
     key = "sk-gpufleet-" + secrets.token_hex(16)
@@ -127,6 +128,7 @@ def test_preflight_refuses_api_key_in_launch_args_and_stops_nothing(lab):
     assert alive(lab, host, before), "preflight refused, yet the server was stopped"
 
 
+@pytest.mark.lab_only_once
 def test_launch_failure_shows_the_log_tail_with_the_key_masked(lab):
     host = lab.hosts[0]
     ensure_serving(lab, [host])

@@ -73,6 +73,15 @@ def ps(lab, host):
     return procs
 
 
+@pytest.fixture(scope="module", autouse=True)
+def idle_gpus(lab):
+    """No SGLang server on any host when this module starts: the waits and the per-GPU process lists below need
+    free GPU memory, and an earlier module (in any order, e.g. under pytest-xdist) may have left servers running."""
+    stopped = lab.run_playbook("playbooks/restart.yml", extravars={"gpufleet_serial": len(lab.hosts)}, tags="stop,wait")
+    with open(stopped.stdout.name) as handle:
+        assert stopped.status == "successful", handle.read()[-3000:]
+
+
 @pytest.fixture
 def standin(lab):
     """A running stand-in server on the first host (its workers hold memory on all 8 GPUs); stopped after."""

@@ -86,6 +86,22 @@ def test_password_login_is_refused(lab):
     assert res.returncode == 255 and "permission denied" in res.stderr.lower()
 
 
+@pytest.mark.lab_only_once
+def test_lab_hosts_hide_the_machines_shell_start_up_files(lab):
+    """bash runs ~/.bashrc for every SSH command; inside a lab host root's start-up files are empty, so a
+    builder's shell set-up (pyenv init) costs no CPU per task; the rest of /root stays (the hosts' Python)."""
+    host = lab.hosts[0]
+    for name in (".bashrc", ".profile"):
+        path = os.path.join("/root", name)
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            continue
+        inside = lab.exec(host, ["cat", path], check=True)
+        assert inside.stdout == "", "%s inside %s still has the machine's content" % (path, host)
+        with open(path) as handle:
+            assert handle.read() != "", "the lab must not empty the machine's own %s" % path
+    assert lab.exec(host, ["ls", "-d", "/root"], check=True).stdout.strip() == "/root"
+
+
 def test_process_on_one_host_is_invisible_on_another(lab):
     if len(lab.hosts) < 2:
         pytest.skip("needs two hosts")

@@ -149,6 +149,7 @@ def test_patch_playbook_on_local_fleet(tmp_path):
 
 # --- lab fleet: real SSH -----------------------------------------------------------------------------------------
 
+@pytest.mark.lab_only_once
 @pytest.mark.lab
 def test_patch_playbook_on_lab_fleet(lab):
     hosts = list(lab.hosts)

@@ -101,6 +101,7 @@ def test_preflight_passes_on_every_lab_host(fleet):
     assert_nothing_changed(runner)
 
 
+@pytest.mark.lab_only_once
 def test_preflight_passes_in_check_mode(fleet):
     runner = run(fleet, cmdline="--check")
     assert runner.status == "successful"
@@ -108,6 +109,7 @@ def test_preflight_passes_in_check_mode(fleet):
     assert_nothing_changed(runner)
 
 
+@pytest.mark.lab_only_once
 def test_unknown_flag_fails_every_host_naming_the_flag_and_the_close_spelling(fleet):
     runner = run(fleet, with_launch_args({"tp_size": 8, "tp-size": None}))
     assert runner.status == "failed"
@@ -120,6 +122,7 @@ def test_unknown_flag_fails_every_host_naming_the_flag_and_the_close_spelling(fl
     assert_nothing_changed(runner)
 
 
+@pytest.mark.lab_only_once
 def test_bad_speculative_algorithm_fails_listing_the_known_ones(fleet):
     runner = run(fleet, with_launch_args({"speculative-algorithm": "FOO"}))
     assert runner.status == "failed"
@@ -128,6 +131,7 @@ def test_bad_speculative_algorithm_fails_listing_the_known_ones(fleet):
     assert sorted(verdict_messages(runner)) == sorted(fleet.hosts)
 
 
+@pytest.mark.lab_only_once
 def test_missing_model_directory_fails_naming_the_path(fleet):
     runner = run(fleet, with_launch_args({"model-path": "/nonexistent/gpufleet-model"}))
     assert runner.status == "failed"
@@ -315,6 +319,7 @@ def start_holder(lab, host, gpu, mib, uid=0):
     raise AssertionError("holder did not register on %s" % host)
 
 
+@pytest.mark.lab_only_once
 @pytest.mark.parametrize("uid,user", [(0, "root"), (65534, "nobody")], ids=["same-user", "other-user"])
 def test_foreign_gpu_job_refuses_the_host_before_the_stop_and_the_server_keeps_serving(fleet, serving, uid, user):
     host, pids = serving
@@ -460,6 +465,7 @@ def test_live_shm_segment_of_the_server_counts_as_freed_by_the_stop(fleet, servi
     assert sglang_pids(fleet, host) == pids
 
 
+@pytest.mark.lab_only_once
 def test_empty_sglang_port_counts_as_unset_and_a_bad_one_is_named_as_the_user_set_it(fleet):
     host = sorted(fleet.hosts)[0]
     runner = fleet.run_playbook(PLAYBOOK, limit=host, extravars={"sglang_port": ""})

@@ -105,6 +105,7 @@ def test_restart_replaces_every_server_and_nccl_values_reach_every_worker(lab):
     assert all(server_pid(lab, h) != None for h in lab.hosts)
 
 
+@pytest.mark.lab_only_once
 def test_check_mode_changes_nothing(lab):
     before = ensure_serving(lab)
     engines = {h: lab.exec(h, ["sh", "-c", "md5sum %s/lib/python3*/site-packages/sglang/srt/entrypoints/engine.py"
@@ -123,6 +124,7 @@ def test_check_mode_changes_nothing(lab):
                for h in lab.hosts)
 
 
+@pytest.mark.lab_only_once
 def test_memory_never_released_fails_naming_holders_then_rolls_back_to_the_old_server(lab):
     """The wait fails naming what holds the GPUs; the run then relaunches the recorded launch (rollback), so the
     host ends serving with a new pid of the old argv, counted as rolled_back (and the roll stops)."""
@@ -296,6 +298,7 @@ def test_inventory_lock_stale_s_takes_over_an_older_lock(lab):
     ensure_serving(lab, [host])
 
 
+@pytest.mark.lab_only_once
 def test_throughput_regression_fails_and_keeps_last_good(lab):
     host = lab.hosts[0]
     ensure_serving(lab, [host])

@@ -98,6 +98,7 @@ def launch(lab, host):
     return int(lab.exec(host, ["cat", "%s/sglang.pid" % lab.host_vars(host)["sglang_state_dir"]]).stdout)
 
 
+@pytest.mark.lab_only_once
 def test_stop_kills_orphans_and_sigterm_ignoring_workers_but_never_monitor_or_other_users(lab):
     host = lab.hosts[1]
     lab.fault(host, orphan_worker=7, worker_ignores_sigterm=True)
@@ -145,6 +146,7 @@ def test_stop_kills_orphans_and_sigterm_ignoring_workers_but_never_monitor_or_ot
         lab.exec(host, ["rm", "-f", "/dev/shm/nccl-live-holder"])
 
 
+@pytest.mark.lab_only_once
 def test_stop_in_check_mode_signals_nothing_and_second_stop_changes_nothing(lab):
     host = lab.hosts[0]
     server = launch(lab, host)
