@@ -80,8 +80,8 @@ roll-under-load: setup
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python tests/lab/roll_under_load.py --hosts $(ROLL_HOSTS) --lab-dir $(ROLL_LAB_DIR)
 
 # Two pytest workers (pytest-xdist), one test file each at a time (module fixtures set up once; each worker brings
-# up its own lab): the lab scenarios wait on SSH round trips and server starts, so two streams share 2 cores well
-# (first pass 70 min -> 49 min on a 2-core machine). PYTEST_WORKERS=0 runs in one process.
+# up its own lab): one stream leaves the CPU idle while it waits on server starts and SSH round trips, two keep
+# 2 cores busy (first pass 70 -> 49 min measured on a 2-core machine). PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 test: SYSTEMD_LAB = 1
