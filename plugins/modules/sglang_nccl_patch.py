@@ -326,18 +326,29 @@ def _line_ending(line):
     return ""
 
 
-def write_atomic(module, path, data):
-    """Replace ``path`` with ``data`` (bytes): temporary file in the same directory, fsync, rename.
-
-    ``module.atomic_move`` keeps the original's mode, owner and SELinux context.
-    """
-    directory = os.path.dirname(path)
+def _synced_temp(directory, path, data):
+    """Write ``data`` (bytes) to a new temporary file in ``directory`` named after ``path``, fsynced; returns its
+    path (the caller renames it into place or removes it). Raises OSError; a half-written file is removed."""
     fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".gpufleet-tmp", dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_atomic(module, path, data):
+    """Replace ``path`` with ``data`` (bytes): temporary file in the same directory, fsync, rename.
+
+    ``module.atomic_move`` keeps the original's mode, owner and SELinux context.
+    """
+    directory = os.path.dirname(path)
+    tmp = _synced_temp(directory, path, data)
+    try:
         module.atomic_move(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -363,12 +374,8 @@ def keep_previous(source_path, raw, previous_file):
     if not os.path.isdir(directory):
         os.makedirs(directory, 0o755)
     mode = os.stat(source_path).st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(previous_file), suffix=".gpufleet-tmp", dir=directory)
+    tmp = _synced_temp(directory, previous_file, raw)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(raw)
-            handle.flush()
-            os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, previous_file)
     finally:
