@@ -58,8 +58,8 @@ UNREACHABLE_ADVICE = {
              "<sglang_state_dir>/engine.py.prev): rerun restart.yml for this host once the lock's lease ended",
     "stop": "the old server may be stopped or still draining, engine.py patched: run playbooks/check.yml for this "
             "host, then rerun restart.yml once the lock's lease ended",
-    "wait": "the old server is stopped and no new one was started: rerun restart.yml for this host once the "
-            "lock's lease ended",
+    "wait": "the old server is stopped; the stop may have started the new one (process method): run "
+            "playbooks/check.yml for this host, then rerun restart.yml once the lock's lease ended",
     "launch": "ssh lost during launch: the server may have come up; run playbooks/check.yml for this host",
     "verify": "the new server was up when the connection was lost: run playbooks/check.yml for this host",
 }

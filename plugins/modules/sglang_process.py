@@ -320,8 +320,6 @@ lock_renewed:
 import json
 import os
 import socket
-import subprocess
-import tempfile
 import time
 import traceback
 
@@ -337,11 +335,11 @@ except ImportError:
     PSUTIL_ERROR = traceback.format_exc()
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import redact_argv
+# The start and the port check are shared with sglang_stop's start_after (module_utils gpufleet_spawn).
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_spawn import (
+    WILDCARDS, describe_listeners, log_size, port_listeners, start_server)
 
 PID_REUSE_SLACK_S = 5.0
-REAPER_COMM = b"gpufleet-reaper"
-WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def running_pid(pid_file):
@@ -380,52 +378,6 @@ def process_start_epoch(pid):
     return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def build_env(env, inherit, base=None):
-    """Environment for the child: ``base`` (default os.environ) if ``inherit``, updated with ``env`` (str values).
-
-    Booleans become "1"/"0"; None removes a variable.
-    """
-    result = dict(base if base is not None else os.environ) if inherit else {}
-    for key, value in (env or {}).items():
-        if value is None:
-            result.pop(str(key), None)
-        elif isinstance(value, bool):
-            result[str(key)] = "1" if value else "0"
-        else:
-            result[str(key)] = str(value)
-    return result
-
-
-def write_file_atomic(path, text, mode=0o644):
-    """Write ``text`` to ``path`` atomically (temporary file in the same directory, fsync, rename)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".sglang-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_pid_file(path, pid):
-    """Write ``pid`` to ``path`` atomically."""
-    write_file_atomic(path, "%d\n" % pid)
-
-
-def log_size(path):
-    """Size of ``path`` in bytes, 0 when it does not exist (the offset where a new launch's lines begin)."""
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
 def log_tail(path, lines, offset=0):
     """Last ``lines`` lines of ``path`` after byte ``offset`` (this launch's part), undecodable bytes replaced.
 
@@ -443,92 +395,6 @@ def log_tail(path, lines, offset=0):
     except OSError:
         return ""
     return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
-
-
-def with_api_key(argv, api_key):
-    """``argv`` (list of str) plus ``["--api-key", api_key]`` when ``api_key`` is non-empty; a new list.
-
-    Kept out of the ``argv`` the module reports, so the key appears only in the started process's argv.
-    """
-    return list(argv) + (["--api-key", api_key] if api_key else [])
-
-
-def start_detached(argv, env, chdir, log_file):
-    """Start ``argv`` in a new session, stdin /dev/null, stdout+stderr appended to ``log_file``.
-
-    Returns the subprocess.Popen. Raises OSError (missing executable, bad chdir) from Popen.
-    """
-    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
-    try:
-        with open(os.devnull, "rb") as devnull:
-            return subprocess.Popen(argv, stdin=devnull, stdout=log_fd, stderr=subprocess.STDOUT,
-                                    cwd=chdir, env=env, close_fds=True, start_new_session=True)
-    finally:
-        os.close(log_fd)
-
-
-def _set_comm(name):
-    """Name this process (``/proc/self/comm``, prctl PR_SET_NAME) so ``ps`` tells the reaper apart."""
-    try:
-        with open("/proc/self/comm", "wb") as handle:
-            handle.write(name)
-    except OSError:
-        pass
-
-
-def start_reaped(argv, env, chdir, log_file, exit_file):
-    """Start ``argv`` detached under a reaper that records its exit status in ``exit_file``; return its pid.
-
-    The reaper is forked from this process, leaves its session (setsid), points fds 0-2 at /dev/null and
-    closes every other fd (the SSH channel must see EOF when the module ends), starts the server with
-    start_detached() (so the server leads its own session: sglang_stop signals that), tells this process the
-    server's pid through a pipe, waits for it and writes ``{"pid", "returncode", "ended_at"}`` to
-    ``exit_file`` atomically. Raises OSError with the reaper's message when the server could not be started.
-    """
-    read_fd, write_fd = os.pipe()
-    reaper = os.fork()
-    if reaper == 0:  # the reaper
-        code = 0
-        try:
-            os.close(read_fd)
-            os.setsid()
-            _set_comm(REAPER_COMM)
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(null, fd)
-            os.closerange(3, write_fd)
-            os.closerange(write_fd + 1, 65536)
-            try:
-                proc = start_detached(argv, env, chdir, log_file)
-            except OSError as exc:
-                os.write(write_fd, json.dumps({"error": str(exc)}).encode())
-                os._exit(127)
-            started_at = time.time()
-            os.write(write_fd, json.dumps({"pid": proc.pid}).encode())
-            os.close(write_fd)
-            rc = proc.wait()
-            write_file_atomic(exit_file, json.dumps({"pid": proc.pid, "returncode": rc, "started_at": started_at,
-                                                     "ended_at": time.time()}) + "\n")
-        except BaseException:
-            code = 1
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    chunks = []
-    while True:
-        chunk = os.read(read_fd, 4096)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(read_fd)
-    try:
-        answer = json.loads(b"".join(chunks) or b"{}")
-    except ValueError:
-        answer = {}
-    if "pid" not in answer:
-        os.waitpid(reaper, 0)
-        raise OSError(answer.get("error") or "the reaper process failed before starting the server")
-    return answer["pid"]
 
 
 def read_exit_record(exit_file, pid):
@@ -570,63 +436,6 @@ def unit_show(run_command, unit):
         key, _, value = line.partition("=")
         props[key] = value
     return props
-
-
-def addresses_overlap(bind_host, listen_ip):
-    """True when a socket listening on ``listen_ip`` keeps a server from binding ``bind_host`` on the same port.
-
-    Wildcards (0.0.0.0, ::) overlap every address; IPv4-mapped IPv6 (::ffff:a.b.c.d) is compared as IPv4.
-    """
-    def norm(ip):
-        ip = (ip or "").strip("[]")
-        return ip[7:] if ip.lower().startswith("::ffff:") else ip
-    a, b = norm(bind_host), norm(listen_ip)
-    return a in WILDCARDS or b in WILDCARDS or a == b
-
-
-def _describe_pid(pid):
-    """(user, cmdline) of ``pid`` via psutil; ("?", "?") when it cannot be read."""
-    try:
-        proc = psutil.Process(pid)
-        cmdline = " ".join(redact_argv(proc.cmdline())) or "[%s]" % proc.name()
-        return proc.username(), cmdline
-    except (psutil.Error, OSError):
-        return "?", "?"
-
-
-def port_listeners(port, bind_host):
-    """Processes listening on TCP ``port`` at an address overlapping ``bind_host``.
-
-    Source: psutil.net_connections("tcp") (the /proc/net/tcp{,6} sockets mapped to pids through /proc/*/fd).
-    Returns a list of {"pid" (int or None when the socket's owner is not visible: another user's process and
-    no root), "user", "cmdline", "address"}.
-    """
-    found = []
-    seen = set()
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
-            continue
-        if not addresses_overlap(bind_host, conn.laddr.ip):
-            continue
-        key = (conn.pid, conn.laddr.ip)
-        if key in seen:
-            continue
-        seen.add(key)
-        user, cmdline = _describe_pid(conn.pid) if conn.pid else ("?", "?")
-        found.append({"pid": conn.pid, "user": user, "cmdline": cmdline[:200], "address": conn.laddr.ip})
-    return found
-
-
-def describe_listeners(listeners):
-    """'pid 4242 (python3 -m http.server, user root)' for each listener, joined by '; '."""
-    parts = []
-    for item in listeners:
-        if item["pid"] is None:
-            parts.append("a process whose owner is not visible to this user (listening on %s; run as root to name it)"
-                         % item["address"])
-        else:
-            parts.append("pid %d (%s, user %s)" % (item["pid"], item["cmdline"][:120], item["user"]))
-    return "; ".join(parts)
 
 
 def tree_listens(pid, port):
@@ -908,21 +717,14 @@ def run_started(module, p, result):
         result.update(changed=True, started=True)
         module.exit_json(msg="would start %s" % argv[0], **result)
 
-    env = build_env(p["env"], p["inherit_env"])
-    # Ansible's own variables for the module run must not leak into a long-running server.
-    for key in [k for k in env if k.startswith("ANSIBLE_MODULE_")]:
-        env.pop(key)
-    offset = log_size(p["log_file"])
-    result["log_offset"] = offset
-    if os.path.lexists(p["exit_file"]):
-        os.unlink(p["exit_file"])
-    started_at = time.time()
+    result["log_offset"] = log_size(p["log_file"])
     try:
-        pid = start_reaped(with_api_key(argv, p["api_key"]), env, p["chdir"], p["log_file"], p["exit_file"])
+        started = start_server(argv, p["env"], p["inherit_env"], p["chdir"], p["log_file"], p["pid_file"],
+                               p["exit_file"], api_key=p["api_key"])
     except OSError as exc:
         module.fail_json(msg="could not start %s: %s" % (argv[0], exc), **result)
-    write_pid_file(p["pid_file"], pid)
-    result.update(changed=True, started=True, pid=pid, started_at=started_at)
+    pid, started_at, offset = started["pid"], started["started_at"], started["log_offset"]
+    result.update(changed=True, started=True, pid=pid, started_at=started_at, log_offset=offset)
 
     def died():
         rc = await_exit_file(p["exit_file"], pid)

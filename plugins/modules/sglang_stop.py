@@ -166,10 +166,65 @@ options:
         type: str
         choices: [auto, nvml, nvidia-smi]
         default: auto
+  start_after:
+    description:
+      - "The new server to start in this same call, as soon as the stop is done and O(gpu_wait) saw the GPU memory
+        released: the outage then ends when the new server serves, with no module start or controller task in
+        between (each costs 0.1-1 s). It is started exactly as the M(sglang_process) module starts one
+        (C(gpufleet_spawn) module_utils: own session under the C(gpufleet-reaper), pid file, exit record, log
+        appended), as the user this module runs as."
+      - "Right before the start, nothing may listen on O(start_after.port) at an address overlapping
+        O(start_after.host); when something does, or the memory was not seen released, or the start itself
+        fails, nothing is started and RV(start) says why (C(started=false), C(reason)): this call never fails
+        because of O(start_after). The caller then starts the server itself (the C(sglang_launch) role runs
+        M(sglang_process), whose port check fails naming the holder), so every failure keeps its usual message
+        and rollback."
+      - "Needs O(gpu_wait). Not used in check mode nor when the stop fails. The server's readiness is not
+        awaited here: wait for it with M(sglang_process) O(state=ready) and RV(start.pid)/RV(start.log_offset)."
+    type: dict
+    suboptions:
+      argv:
+        description: Command line of the server (a list, never through a shell), without the API key.
+        type: list
+        elements: str
+        required: true
+      api_key:
+        description: Appended as C(--api-key) to the started argv only; never returned.
+        type: str
+      env:
+        description: Environment variables laid over this module's environment (a null value removes one).
+        type: dict
+        default: {}
+      inherit_env:
+        description: Start from this module's environment (without C(ANSIBLE_MODULE_*)); false starts from O(start_after.env) alone.
+        type: bool
+        default: true
+      chdir:
+        description: Working directory of the server.
+        type: path
+      log_file:
+        description: The server's stdout and stderr are appended here.
+        type: path
+        required: true
+      pid_file:
+        description: The server's pid is written here (atomically) once it started.
+        type: path
+        required: true
+      exit_file:
+        description: The reaper writes the server's exit status here; default O(start_after.pid_file) plus C(.exit).
+        type: path
+      port:
+        description: TCP port the server will listen on; checked free right before the start.
+        type: int
+        required: true
+      host:
+        description: Address the server will bind.
+        type: str
+        default: 127.0.0.1
 attributes:
   check_mode:
     support: full
-    details: Reports C(signalled) and C(removed_shm) as what would happen; sends no signal, removes nothing.
+    details: Reports C(signalled) and C(removed_shm) as what would happen; sends no signal, removes nothing, starts nothing.
   diff_mode:
     support: none
 requirements:
@@ -301,6 +356,16 @@ gpu_wait:
   type: dict
   sample: {ready: true, started_at: 1796000000.25, elapsed_ms: 180, polls: 3, backend: nvml, error_class: null,
            progress: "GPU memory: all 8 GPUs at or below 1024 MiB with no compute process, after 0.18 s of 120 s"}
+start:
+  description:
+    - "The start of O(start_after): C(started) (bool), and when it started C(pid), C(started_at) (epoch s, target
+      clock), C(log_offset) (bytes of the log before this start: the new server's lines begin there),
+      C(log_file), C(pid_file), C(exit_file) and C(argv) (without the API key); when it did not, C(reason) (why
+      nothing was started: memory not seen released, C(port 30000 taken by pid 4242 (...)), the start's error)
+      and C(listeners) when the port was held."
+  returned: when O(start_after) is set, the stop is done and not in check mode
+  type: dict
+  sample: {started: true, pid: 51234, started_at: 1796000000.43, log_offset: 1048576, log_file: /var/lib/gpufleet/sglang.log}
 """
 
 import fnmatch
@@ -313,6 +378,7 @@ import traceback
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import redact_argv
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_wait
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_spawn
 
 try:
     import psutil
@@ -900,12 +966,51 @@ def run(module, now=time.time):
         # After the processes are gone: the wait never fails the stop (see the gpu_wait option).
         result["gpu_wait"] = gpufleet_gpu_wait.wait_recorded(params["gpu_wait"], module.get_bin_path("nvidia-smi"))
 
+    if params["start_after"] and not check:
+        result["start"] = start_after(params["start_after"], result.get("gpu_wait") or {})
+
     result["done"] = True
-    result["changed"] = bool(result["signalled"] or result["removed_shm"] or result["pid_file_removed"])
+    result["changed"] = bool(result["signalled"] or result["removed_shm"] or result["pid_file_removed"]
+                             or (result.get("start") or {}).get("started"))
     result["stop_ms"] = 0 if check else int((now() - started_at) * 1000)
     result["progress"] = (("would signal %d process(es)" % len(entries)) if check
                           else progress_line(entries, started_at, grace_s, now()))
     return result
+
+
+def start_after(spec, gpu_wait):
+    """Start the server of ``spec`` (the O(start_after) suboptions) when ``gpu_wait`` (this call's RV(gpu_wait))
+    saw the memory released and nothing listens on its port. Never raises for a refusal or a failed start:
+    returns RV(start), ``{"started": False, "reason": str}`` then, so the caller starts it the usual way."""
+    out = {"started": False, "log_file": spec["log_file"], "pid_file": spec["pid_file"],
+           "exit_file": spec["exit_file"] or spec["pid_file"] + ".exit", "argv": list(spec["argv"])}
+    if not gpu_wait.get("ready"):
+        out["reason"] = "GPU memory not seen released by this call (%s)" % (
+            gpu_wait.get("msg") or gpu_wait.get("progress") or "no gpu_wait result")
+        return out
+    try:
+        listeners = gpufleet_spawn.port_listeners(spec["port"], spec["host"])
+    except (OSError, psutil.Error) as exc:
+        out["reason"] = "could not read who listens on port %d: %s" % (spec["port"], exc)
+        return out
+    if listeners:
+        out["listeners"] = listeners
+        out["reason"] = "port %d taken by %s" % (spec["port"], gpufleet_spawn.describe_listeners(listeners))
+        return out
+    for key in ("log_file", "pid_file"):
+        if not os.path.isdir(os.path.dirname(os.path.abspath(spec[key]))):
+            out["reason"] = "the directory of %s does not exist" % spec[key]
+            return out
+    try:
+        started = gpufleet_spawn.start_server(spec["argv"], spec["env"], spec["inherit_env"], spec["chdir"],
+                                              spec["log_file"], spec["pid_file"], out["exit_file"],
+                                              api_key=spec["api_key"])
+    except OSError as exc:
+        out["reason"] = "could not start %s: %s" % (spec["argv"][0] if spec["argv"] else "?", exc)
+        return out
+    out.update(started=True, pid=started["pid"], started_at=round(started["started_at"], 3),
+               log_offset=started["log_offset"])
+    return out
 
 
 def _state(pid):
@@ -930,7 +1035,20 @@ def main():
             shm_patterns=dict(type="list", elements="str", default=["nccl-*", "cuda.shm.*", "sgl_shm_*"]),
             gpu_wait=dict(type="dict", options={k: v for k, v in gpufleet_gpu_wait.WAIT_OPTIONS.items()
                                                 if k != "started_at"}),
+            start_after=dict(type="dict", options=dict(
+                argv=dict(type="list", elements="str", required=True),
+                api_key=dict(type="str", no_log=True),
+                env=dict(type="dict", default={}),
+                inherit_env=dict(type="bool", default=True),
+                chdir=dict(type="path"),
+                log_file=dict(type="path", required=True),
+                pid_file=dict(type="path", required=True),
+                exit_file=dict(type="path"),
+                port=dict(type="int", required=True),
+                host=dict(type="str", default="127.0.0.1"),
+            )),
         ),
+        required_by={"start_after": "gpu_wait"},
         supports_check_mode=True,
     )
     if psutil is None:
@@ -941,6 +1059,11 @@ def main():
                          % (params["grace_s"], params["kill_timeout_s"]))
     if not 1 <= params["poll_interval_ms"] <= 100:
         module.fail_json(msg="poll_interval_ms must be 1 to 100 (ms), got %d" % params["poll_interval_ms"])
+    start = params["start_after"]
+    if start and (not start["argv"] or not start["argv"][0]):
+        module.fail_json(msg="start_after.argv must name a command as its first element")
+    if start and not 0 < start["port"] < 65536:
+        module.fail_json(msg="start_after.port must be 1-65535, got %d" % start["port"])
     if params["slice_s"] is not None and params["slice_s"] <= 0:
         module.fail_json(msg="slice_s must be > 0 seconds (or unset for one call), got %s" % params["slice_s"])
     module.exit_json(**run(module))

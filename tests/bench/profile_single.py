@@ -2,7 +2,7 @@
 """Where a single-host restart's downtime goes (issue 14): per-task times and the target-clock stamps the modules
 return, for restarts of gpu-lab-01 in a lab of 2 hosts.
 
-    .venv/bin/python tests/bench/profile_single.py [--lab-dir DIR] [--runs N] [--keep-lab]
+    .venv/bin/python tests/bench/profile_single.py [--lab-dir DIR] [--runs N] [--keep-lab] [--start-with-stop false]
 
 Brings up its own lab (default .lab-profile), starts a server on gpu-lab-01 (not measured), then restarts it N
 times with the gpufleet_task_times callback. Per run it prints, on the target's clock, the stop module's SIGTERM
@@ -41,20 +41,24 @@ def first_ok(runner, prefix):
     return None
 
 
-def one_run(lab, bench, n):
+def one_run(lab, bench, n, extravars):
     times = os.path.join(tempfile.mkdtemp(prefix="gpufleet-profile-"), "times.jsonl")
     env = {"ANSIBLE_CALLBACK_PLUGINS": "%s:%s" % (os.path.join(ROOT, "plugins", "callback"),
                                                   os.path.join(ROOT, "tests", "gpu", "callback_plugins")),
            "GPUFLEET_TASK_TIMES_FILE": times}
-    runner = lab.run_playbook("playbooks/restart.yml", extravars={"target": HOST}, envvars=env)
+    runner = lab.run_playbook("playbooks/restart.yml", extravars=dict(extravars, target=HOST), envvars=env)
     print("run %d: %s" % (n, runner.status))
     if runner.status != "successful":
         return
     rows = sorted((json.loads(x) for x in open(times) if x.strip()), key=lambda r: r["start"])
     rows = [r for r in rows if r["host"] == HOST and (r.get("play") or "").startswith(PLAY) and r.get("start")]
     stop = first_ok(runner, "Stop the server and SGLang leftovers")
-    start = first_ok(runner, "Start SGLang in its own session")
     ready = first_ok(runner, "Wait until the launched server answers")
+    # The stop's own call starts the new server (sglang_stop start_after) unless gpufleet_start_with_stop=false
+    # or it could not; then the launch role's start task does.
+    by_stop = (stop.get("start") or {}).get("started")
+    start = stop["start"] if by_stop else first_ok(runner, "Start SGLang in its own session")
+    start_task = "Stop the server and SGLang leftovers" if by_stop else "Start SGLang in its own session"
     ready_epoch, seen_by = start.get("ready_epoch"), "the start task (sglang_process wait_ready)"
     if not ready_epoch and ready:
         ready_epoch, seen_by = ready.get("ready_epoch"), "ready.yml (the start's window ended first)"
@@ -63,13 +67,14 @@ def one_run(lab, bench, n):
     s2r = bench.parse_standin_log(log)[-1]
     task = {r["task"].split(" : ")[-1]: r for r in rows}
     t_stop = next(r for k, r in task.items() if k.startswith("Stop the server and SGLang leftovers"))
-    t_start = next(r for k, r in task.items() if k.startswith("Start SGLang in its own session"))
+    t_start = next(r for k, r in task.items() if k.startswith(start_task))
     print("  stop task: task start -> SIGTERM %.3f s; SIGTERM -> processes gone %.3f s; GPU memory seen free after "
           "%s ms (%s polls, backend %s)" % (stop["started_at"] - t_stop["start"],
                                             (gpu.get("started_at") or stop["started_at"]) - stop["started_at"],
                                             gpu.get("elapsed_ms"), gpu.get("polls"), gpu.get("backend")))
-    print("  start task: task start -> spawn %.3f s; spawn -> stand-in exec %.3f s; exec -> 'fired up' %.3f s; "
-          "'fired up' -> ready seen %.3f s (by %s)" % (start["started_at"] - t_start["start"],
+    print("  start (%s): task start -> spawn %.3f s; spawn -> stand-in exec %.3f s; exec -> 'fired up' %.3f s; "
+          "'fired up' -> ready seen %.3f s (by %s)" % ("the stop's call, start_after" if by_stop else "the launch's start task",
+                                                      start["started_at"] - t_start["start"],
                                                       s2r["exec"] - start["started_at"], s2r["start_to_ready_s"],
                                                       (ready_epoch or 0) - s2r["ready"], seen_by))
     down = ready_epoch - stop["started_at"]
@@ -89,6 +94,8 @@ def main():
     ap.add_argument("--lab-dir", default=os.path.join(ROOT, ".lab-profile"))
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--keep-lab", action="store_true")
+    ap.add_argument("--start-with-stop", choices=["true", "false"], default="true",
+                    help="gpufleet_start_with_stop: the stop's call starts the new server (default) or the launch does")
     opts = ap.parse_args()
     lab_py = os.path.join(ROOT, "tests", "lab", "lab.py")
     if not os.path.exists(os.path.join(opts.lab_dir, "inventory")):
@@ -99,7 +106,7 @@ def main():
         warm = lab.run_playbook("playbooks/restart.yml", extravars={"target": HOST})
         print("warm-up (not measured): %s; load %s" % (warm.status, " ".join(open("/proc/loadavg").read().split()[:3])))
         for n in range(1, opts.runs + 1):
-            one_run(lab, bench, n)
+            one_run(lab, bench, n, {"gpufleet_start_with_stop": opts.start_with_stop == "true"})
         print("load %s" % " ".join(open("/proc/loadavg").read().split()[:3]))
     finally:
         if not opts.keep_lab:

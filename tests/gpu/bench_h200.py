@@ -5,16 +5,17 @@ On the lent GPU machine, from the repository root (as root; .whl/ as for tests/g
 
     bench_h200.py --out $OUT [--reps 5] [--info-reps 10] [--mib 20480]
 
-1. ``info_ms_nvml_h200`` / ``info_ms_smi_h200``: ``python3 plugins/modules/nvidia_gpu_info.py ARGS.json`` (the
-   module process as Ansible runs it on the target: interpreter start, every default field, JSON out) with
-   backend=nvml and backend=nvidia-smi, alternating, ``--info-reps`` each, idle GPUs; wall of the process, ms,
-   median (tests/gpu/real_gpu_check.run_module_file).
-2. ``release_detect_ms_median_h200``: tests/gpu/real_restart.sh with ``RR_HELD_WAIT_REPS=--reps``: each rep
+1. ``release_detect_ms_median_h200``: tests/gpu/real_restart.sh with ``RR_HELD_WAIT_REPS=--reps``: each rep
    runs ``restart.yml --tags wait`` while the stand-in's TP workers hold ``--mib`` MiB per GPU and SIGKILLs them
    5 s in; an independent NVML poller (10 ms, its own process) logs every change of used MiB. Per rep: the end
    of the ``nvidia_gpu_wait`` task (gpufleet_task_times callback, controller clock) − the first poller sample
    at which every GPU was at or under the wait's limit (1024 MiB), ms (tests/gpu/real_restart.py report:
    the smallest ``wait_task_end_minus_free_seen_ms`` over GPUs). Median over the reps.
+
+2. ``info_ms_nvml_h200`` / ``info_ms_smi_h200``: ``python3 plugins/modules/nvidia_gpu_info.py ARGS.json`` (the
+   module process as Ansible runs it on the target: interpreter start, every default field, JSON out) with
+   backend=nvml and backend=nvidia-smi, alternating, ``--info-reps`` each, idle GPUs; wall of the process, ms,
+   median (tests/gpu/real_gpu_check.run_module_file).
 
 Writes ``$OUT/bench_h200.json`` (keys in docs/benchmarks.json's entry shape, the machine, the command) and
 copies real_restart.sh's ``report.json`` (as ``restart-report.json``) and its log next to it.
@@ -84,26 +85,7 @@ def measure(opts):
     command = "tests/gpu/bench_h200.py --out $OUT --reps %d --info-reps %d --mib %d" % (
         opts.reps, opts.info_reps, opts.mib)
     keys = {}
-    # 1. the module process, per backend, idle GPUs
-    sys.path.insert(0, HERE)
-    import real_gpu_check as rgc
-    rgc.install_module_utils()
-    walls = {"nvml": [], "nvidia-smi": []}
-    errors = {}
-    for i in range(opts.info_reps):
-        for be in ("nvml", "nvidia-smi"):
-            res = rgc.run_module_file("nvidia_gpu_info", {"backend": be})
-            if res["_rc"] == 0 and not res.get("failed"):
-                walls[be].append(res["_wall_ms"])
-            else:
-                errors[be] = (res.get("msg") or res.get("unparsed_stdout") or res["_stderr"])[-300:]
-        print("info rep %d: nvml %s ms, nvidia-smi %s ms" % (i + 1, walls["nvml"][-1:], walls["nvidia-smi"][-1:]),
-              flush=True)
-    cmd_info = "python3 plugins/modules/nvidia_gpu_info.py ARGS.json (backend=%s; " + command + ")"
-    keys["info_ms_nvml_h200"] = bench.stats(walls["nvml"], "ms", cmd_info % "nvml", errors.get("nvml"), digits=1)
-    keys["info_ms_smi_h200"] = bench.stats(walls["nvidia-smi"], "ms", cmd_info % "nvidia-smi",
-                                           errors.get("nvidia-smi"), digits=1)
-    # 2. release detection: real_restart.sh with held-memory wait reps
+    # 1. release detection: real_restart.sh with held-memory wait reps (it also installs the carried wheels)
     work = tempfile.mkdtemp(prefix="bench-h200-")
     env = dict(os.environ, RR_HELD_WAIT_REPS=str(opts.reps), PYTHONUNBUFFERED="1")
     log_path = os.path.join(opts.out, "restart.log")
@@ -126,6 +108,29 @@ def measure(opts):
         why, digits=1)
     if samples and rc != 0:
         keys["release_detect_ms_median_h200"]["note"] = "real_restart.sh exited %d (see restart.log)" % rc
+    # 2. the module process, per backend. After step 1, whose real_restart.sh installed the carried
+    # ansible-core into /tmp/site (the module imports ansible.module_utils from there).
+    sys.path.insert(0, HERE)
+    site = os.environ.get("RR_SITE", "/tmp/site")
+    if os.path.isdir(os.path.join(site, "ansible")):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    import real_gpu_check as rgc
+    rgc.install_module_utils()
+    walls = {"nvml": [], "nvidia-smi": []}
+    errors = {}
+    for i in range(opts.info_reps):
+        for be in ("nvml", "nvidia-smi"):
+            res = rgc.run_module_file("nvidia_gpu_info", {"backend": be})
+            if res["_rc"] == 0 and not res.get("failed"):
+                walls[be].append(res["_wall_ms"])
+            else:
+                errors[be] = (res.get("msg") or res.get("unparsed_stdout") or res["_stderr"])[-300:]
+        print("info rep %d: nvml %s ms, nvidia-smi %s ms" % (i + 1, walls["nvml"][-1:], walls["nvidia-smi"][-1:]),
+              flush=True)
+    cmd_info = "python3 plugins/modules/nvidia_gpu_info.py ARGS.json (backend=%s; " + command + ")"
+    keys["info_ms_nvml_h200"] = bench.stats(walls["nvml"], "ms", cmd_info % "nvml", errors.get("nvml"), digits=1)
+    keys["info_ms_smi_h200"] = bench.stats(walls["nvidia-smi"], "ms", cmd_info % "nvidia-smi",
+                                           errors.get("nvidia-smi"), digits=1)
     doc = {"command": command, "machine": device_info(), "keys": keys,
            "generated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     with open(os.path.join(opts.out, "bench_h200.json"), "w") as fh:

@@ -1,9 +1,11 @@
 """Helpers for tests/gpu/real_restart.sh (restart.yml on a machine with real NVIDIA GPUs).
 
 Subcommands:
-  poll OUT.jsonl [--period-ms 10]        independent NVML poller: one line {"t", "gpu", "used_mib"} per change of a
-                                         GPU's used MiB (nvmlDeviceGetMemoryInfo v2, rounded up like nvidia-smi),
-                                         until SIGTERM. Own process: it holds no CUDA context, only NVML.
+  poll OUT.jsonl [--period-ms 10]        independent NVML poller: one line {"t", "gpu", "used_mib", "procs"} per
+                                         change of a GPU's used MiB (nvmlDeviceGetMemoryInfo v2, rounded up like
+                                         nvidia-smi) or of its compute-process count
+                                         (nvmlDeviceGetComputeRunningProcesses), until SIGTERM. Own process: it
+                                         holds no CUDA context, only NVML.
   compare NVML.txt SMI.txt OUT.json      compare `ansible -o -m nvidia_gpu_info` output of backend=nvml and
                                          backend=nvidia-smi: UUIDs, MiB (used within 1, total, reserved), compute pids.
   report TIMES.jsonl POLL.jsonl OUT.json per run: per-phase wall times (s) from the gpufleet_task_times callback
@@ -30,16 +32,24 @@ def poll(out, period_s=0.010):
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     last = [None] * len(handles)
+
+    def procs(h):
+        try:
+            return len(pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+        except pynvml.NVMLError:
+            return None
+
     n = 0
     with open(out, "a") as fh:
         while not stop:
             t = time.time()
             for i, h in enumerate(handles):
                 used = int(math.ceil(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used / 1048576.0))
-                if used != last[i]:
-                    fh.write(json.dumps({"t": t, "gpu": i, "used_mib": used}) + "\n")
+                state = (used, procs(h))
+                if state != last[i]:
+                    fh.write(json.dumps({"t": t, "gpu": i, "used_mib": used, "procs": state[1]}) + "\n")
                     fh.flush()
-                    last[i] = used
+                    last[i] = state
             n += 1
             time.sleep(max(0.0, period_s - (time.time() - t)))
         fh.write(json.dumps({"t": time.time(), "samples": n, "period_ms": period_s * 1000}) + "\n")
@@ -140,6 +150,19 @@ def report(times_path, poll_path, out, limit_mib=1024):
                 if freed and g["used_mib_before"] is not None and g["used_mib_before"] > limit_mib:
                     g["free_seen_ms_after_wait_task_start"] = round((freed["t"] - t_wait_start) * 1000, 1)
                     g["wait_task_end_minus_free_seen_ms"] = round((t_wait - freed["t"]) * 1000, 1)
+                    # Split (inventory/local: the module's clock is the controller's): the poll that saw the
+                    # memory free (started_at + elapsed_ms) minus the poller's sample, and the module's exit plus
+                    # the result's trip to the callback.
+                    if w.get("started_at") is not None and w.get("elapsed_ms") is not None:
+                        seen = float(w["started_at"]) + w["elapsed_ms"] / 1000.0
+                        g["module_seen_minus_free_seen_ms"] = round((seen - freed["t"]) * 1000, 1)
+                        g["wait_task_end_minus_module_seen_ms"] = round((t_wait - seen) * 1000, 1)
+                    # The wait's full condition (require_no_processes): memory free and no compute process.
+                    gone = next((s for s in seq if s["t"] > t_ref and s["used_mib"] <= limit_mib
+                                 and s.get("procs") == 0), None)
+                    if gone:
+                        g["free_and_no_process_seen_ms_after_free_seen"] = round((gone["t"] - freed["t"]) * 1000, 1)
+                        g["wait_task_end_minus_free_and_no_process_seen_ms"] = round((t_wait - gone["t"]) * 1000, 1)
                     if stop:
                         g["free_seen_s_after_stop_start"] = round(freed["t"] - stop[0]["start"], 3)
                         g["free_seen_ms_after_stop_task_end"] = round((freed["t"] - stop[0]["end"]) * 1000, 1)

@@ -87,6 +87,16 @@ def test_restart_replaces_every_server_and_nccl_values_reach_every_worker(lab):
             assert {k: env.get(k) for k in expected} == expected, "%s %s" % (host, title)
         # lock released
         assert lab.exec(host, ["test", "-e", "%s/restart.lock" % lab.host_vars(host)["sglang_state_dir"]]).returncode == 1
+    # The process method's new server was started by the stop's own call (sglang_stop start_after), once GPU
+    # memory was free, and the launch only waited for it: no start task ran.
+    stops = {d["host"]: d["res"] for d in real_stops(lab, runner) if d["res"].get("done")}
+    for host in lab.hosts:
+        start = stops[host]["start"]
+        assert start["started"] is True and start["pid"] == server_pid(lab, host), (host, start)
+        assert start["started_at"] >= stops[host]["gpu_wait"]["started_at"] >= stops[host]["started_at"], start
+        assert "new server started by the stop (pid %d)" % start["pid"] in out
+    assert not [d for d in lab.events(runner, "runner_on_ok", "sglang_process")
+                if d.get("task", "").startswith("Start SGLang in its own session")]
     # the module's own view agrees, per worker
     verify = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_worker_env_info")}
     assert sorted(verify) == sorted(lab.hosts)
@@ -103,6 +113,21 @@ def test_restart_replaces_every_server_and_nccl_values_reach_every_worker(lab):
     again = lab.run_playbook(PLAYBOOK, extravars=FAST)
     assert again.status == "successful", stdout_of(again)[-4000:]
     assert all(server_pid(lab, h) != None for h in lab.hosts)
+
+
+@pytest.mark.lab_only_once
+def test_without_start_with_stop_the_launch_starts_the_server(lab):
+    host = lab.hosts[0]
+    before = ensure_serving(lab, [host])[host]
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, target=host, gpufleet_start_with_stop=False))
+    assert runner.status == "successful", stdout_of(runner)[-4000:]
+    new = server_pid(lab, host)
+    assert new and new != before
+    [stop] = [d["res"] for d in real_stops(lab, runner) if d["res"].get("done")]
+    assert "start" not in stop, "no start_after was passed to the stop"
+    starts = [d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_process")
+              if d.get("task", "").startswith("Start SGLang in its own session")]
+    assert [s["pid"] for s in starts] == [new], starts
 
 
 @pytest.mark.lab_only_once

@@ -65,7 +65,7 @@ def test_unreachable_host_keeps_the_provisional_row_of_its_phase():
 def test_unreachable_before_any_row_names_phase_and_what_to_do():
     [row, later] = cb.build_rows(["h1", "h2"], {}, {}, {"h1": ("wait", "ssh: connect timed out")}, {})
     assert row["result"] == "unreachable" and row["phase"] == "wait" and row["cause"] == "ssh: connect timed out"
-    assert "no new one was started" in row["advice"]
+    assert "old server is stopped" in row["advice"] and "playbooks/check.yml" in row["advice"]
     assert later["result"] == "not_started"
 
 

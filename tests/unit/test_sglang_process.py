@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("sglang_process", ROOT / "plugins" / "modules" / "sglang_process.py")
 proc_mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(proc_mod)
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_spawn as spawn  # noqa: E402
 
 
 def run_main(args, capsys):
@@ -86,9 +87,9 @@ def test_stale_pid_file_does_not_count_as_running(tmp_path):
 
 
 def test_build_env_overrides_and_removes():
-    env = proc_mod.build_env({"A": 1, "B": None, "C": False}, True, base={"B": "x", "PATH": "/bin"})
+    env = spawn.build_env({"A": 1, "B": None, "C": False}, True, base={"B": "x", "PATH": "/bin"})
     assert env == {"A": "1", "C": "0", "PATH": "/bin"}
-    assert proc_mod.build_env({"A": "v"}, False, base={"PATH": "/bin"}) == {"A": "v"}
+    assert spawn.build_env({"A": "v"}, False, base={"PATH": "/bin"}) == {"A": "v"}
 
 
 def test_api_key_reaches_the_process_argv_but_never_the_task_result(tmp_path, capsys):
@@ -110,9 +111,9 @@ def test_api_key_reaches_the_process_argv_but_never_the_task_result(tmp_path, ca
 
 
 def test_with_api_key_appends_only_a_non_empty_key():
-    assert proc_mod.with_api_key(["sglang", "serve"], "k") == ["sglang", "serve", "--api-key", "k"]
-    assert proc_mod.with_api_key(["sglang", "serve"], None) == ["sglang", "serve"]
-    assert proc_mod.with_api_key(["sglang", "serve"], "") == ["sglang", "serve"]
+    assert spawn.with_api_key(["sglang", "serve"], "k") == ["sglang", "serve", "--api-key", "k"]
+    assert spawn.with_api_key(["sglang", "serve"], None) == ["sglang", "serve"]
+    assert spawn.with_api_key(["sglang", "serve"], "") == ["sglang", "serve"]
 
 
 def _free_port():
@@ -305,11 +306,11 @@ def test_unit_show_parses_systemctl_properties():
 
 
 def test_addresses_overlap_with_wildcards_and_mapped_ipv4():
-    assert proc_mod.addresses_overlap("127.0.0.1", "0.0.0.0")
-    assert proc_mod.addresses_overlap("0.0.0.0", "10.0.0.5")
-    assert proc_mod.addresses_overlap("127.0.0.1", "::ffff:127.0.0.1")
-    assert proc_mod.addresses_overlap("::", "127.0.0.1")
-    assert not proc_mod.addresses_overlap("127.0.0.1", "10.0.0.5")
+    assert spawn.addresses_overlap("127.0.0.1", "0.0.0.0")
+    assert spawn.addresses_overlap("0.0.0.0", "10.0.0.5")
+    assert spawn.addresses_overlap("127.0.0.1", "::ffff:127.0.0.1")
+    assert spawn.addresses_overlap("::", "127.0.0.1")
+    assert not spawn.addresses_overlap("127.0.0.1", "10.0.0.5")
 
 
 def test_log_tail_from_an_offset_and_after_truncation(tmp_path):

@@ -596,3 +596,119 @@ def test_gpu_wait_is_skipped_in_check_mode(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
     args = dict(_nothing_to_stop(tmp_path, timeout_s=5), _ansible_check_mode=True)
     assert "gpu_wait" not in run_main(stop, args, capsys)
+
+
+# ---------------------------------------------------------------------------------------------------
+# start_after: the new server starts in the stop's own call once GPU memory was seen released
+# ---------------------------------------------------------------------------------------------------
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_spec(tmp_path, code, port=None, **extra):
+    return dict({"argv": [sys.executable, "-c", code], "log_file": str(tmp_path / "new.log"),
+                 "pid_file": str(tmp_path / "new.pid"), "port": port or _free_port(), "chdir": str(tmp_path)},
+                **extra)
+
+
+def _end(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def test_start_after_starts_the_new_server_once_memory_is_free(unique_title, tmp_path, capsys, monkeypatch):
+    use_recorded_processes(monkeypatch)
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("idle"))
+    old = _start_titled(unique_title)
+    key = "sk-stop-start-after-unit-9d1e"
+    # The "new server" records its argv and one NCCL variable, then sleeps like a loading server.
+    code = ("import os, sys, time; print('new', sys.argv[-2:], os.environ.get('NCCL_PROTO'), flush=True); "
+            "time.sleep(30)")
+    with open(tmp_path / "new.log", "w") as fh:
+        fh.write("earlier launch\n")
+    args = dict(_nothing_to_stop(tmp_path, poll_interval_ms=10, timeout_s=5), pattern=re.escape(unique_title),
+                grace_s=5, start_after=_start_spec(tmp_path, code, env={"NCCL_PROTO": "Simple"}, api_key=key))
+    try:
+        result = run_main(stop, args, capsys)
+        old.wait(timeout=5)
+        start = result["start"]
+        assert result["done"] and result["changed"] and start["started"] is True
+        # The old server was gone and the memory free before the new one started (target clock).
+        assert start["started_at"] >= result["gpu_wait"]["started_at"] >= result["started_at"]
+        assert int((tmp_path / "new.pid").read_text()) == start["pid"]
+        assert start["log_offset"] == len("earlier launch\n")
+        deadline = time.time() + 10
+        while "new" not in (tmp_path / "new.log").read_text() and time.time() < deadline:
+            time.sleep(0.05)
+        line = (tmp_path / "new.log").read_text().splitlines()[-1]
+        assert line == "new ['--api-key', '%s'] Simple" % key
+        # The key reaches the process only: never the module's result.
+        assert key not in json.dumps(result) and "--api-key" not in start["argv"]
+        # The new server leads its own session under the reaper, as sglang_process starts it.
+        assert os.getsid(start["pid"]) == start["pid"]
+    finally:
+        if old.poll() is None:
+            old.kill()
+        if (tmp_path / "new.pid").exists():
+            _end(int((tmp_path / "new.pid").read_text()))
+
+
+def test_start_after_leaves_a_held_port_to_the_launch(tmp_path, capsys, monkeypatch):
+    import socket
+    use_recorded_processes(monkeypatch)
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("idle"))
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        port = holder.getsockname()[1]
+        args = dict(_nothing_to_stop(tmp_path, timeout_s=5),
+                    start_after=_start_spec(tmp_path, "import time; time.sleep(30)", port=port))
+        result = run_main(stop, args, capsys)
+    finally:
+        holder.close()
+    assert not result.get("failed") and result["done"]
+    assert result["start"]["started"] is False
+    assert result["start"]["reason"].startswith("port %d taken by pid %d" % (port, os.getpid()))
+    assert not (tmp_path / "new.pid").exists() and not (tmp_path / "new.log").exists()
+
+
+def test_start_after_starts_nothing_while_memory_is_held(tmp_path, capsys, monkeypatch):
+    use_recorded_processes(monkeypatch)
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
+    args = dict(_nothing_to_stop(tmp_path, timeout_s=60, slice_s=0.2, poll_interval_ms=50),
+                start_after=_start_spec(tmp_path, "import time; time.sleep(30)"))
+    result = run_main(stop, args, capsys)
+    assert not result.get("failed") and result["gpu_wait"]["ready"] is False
+    assert result["start"]["started"] is False
+    assert result["start"]["reason"].startswith("GPU memory not seen released by this call")
+    assert not (tmp_path / "new.pid").exists()
+
+
+def test_start_after_reports_a_failed_start_without_failing_the_stop(tmp_path, capsys, monkeypatch):
+    use_recorded_processes(monkeypatch)
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("idle"))
+    spec = _start_spec(tmp_path, "pass")
+    spec["argv"] = [str(tmp_path / "no-such-launcher")]
+    result = run_main(stop, dict(_nothing_to_stop(tmp_path, timeout_s=5), start_after=spec), capsys)
+    assert not result.get("failed") and result["done"]
+    assert result["start"]["started"] is False
+    assert result["start"]["reason"].startswith("could not start %s" % spec["argv"][0])
+    assert not (tmp_path / "new.pid").exists()
+
+
+def test_start_after_is_not_used_in_check_mode_and_needs_gpu_wait(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("idle"))
+    spec = _start_spec(tmp_path, "import time; time.sleep(30)")
+    args = dict(_nothing_to_stop(tmp_path, timeout_s=5), start_after=spec, _ansible_check_mode=True)
+    assert "start" not in run_main(stop, args, capsys)
+    assert not (tmp_path / "new.pid").exists()
+    args = {"pattern": "no-such-title-" + uuid.uuid4().hex, "shm_dir": str(tmp_path), "start_after": spec}
+    result = run_main(stop, args, capsys)
+    assert result["failed"] and "gpu_wait" in result["msg"] and "start_after" in result["msg"]
+    assert not (tmp_path / "new.pid").exists()

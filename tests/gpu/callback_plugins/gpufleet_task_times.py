@@ -9,7 +9,7 @@ description:
   - Appends one JSON object per task result to the file named by the environment variable
     C(GPUFLEET_TASK_TIMES_FILE) (nothing when it is unset), with keys C(run), C(play), C(task), C(role), C(host),
     C(status) (ok|changed|failed|skipped|unreachable), C(start) (task start), C(runner_start) (the host's worker began the task) and C(end) (Unix time, s, controller clock) and,
-    for C(nvidia_gpu_wait), C(elapsed_ms) and C(polls) from its result.
+    for C(nvidia_gpu_wait), C(elapsed_ms), C(polls) and C(started_at) (target clock) from its result.
   - ansible-core has no per-task timer (profile_tasks lives in ansible.posix); tests/gpu/real_restart.py
     turns these lines into per-phase times.
 """
@@ -60,6 +60,7 @@ class CallbackModule(CallbackBase):
         if str(task.action).endswith("nvidia_gpu_wait"):
             row["elapsed_ms"] = res.get("elapsed_ms")
             row["polls"] = res.get("polls")
+            row["started_at"] = res.get("started_at")
         with open(self._path, "a") as fh:
             fh.write(json.dumps(row, default=str) + "\n")
 
