@@ -232,8 +232,10 @@ def test_prober_sees_a_server_go_away_and_come_back():
         srv.shutdown()
         srv.server_close()
         time.sleep(0.5)
-        srv = serve()
+        # Taken before the listen: a probe that starts earlier is refused, so every good sample after the gap
+        # started after this moment (the sample's time is its request's start).
         t_up = time.time()
+        srv = serve()
         # Leave the prober time for good samples after the return (its process may be scheduled late on a
         # loaded machine; without any, the gap stays open).
         time.sleep(2.0)
