@@ -56,8 +56,9 @@ UNREACHABLE_ADVICE = {
     "lock": "nothing was stopped; a lock taken frees itself when its lease ends: check ssh, then rerun",
     "patch": "the old server still serves; engine.py may be patched (its previous bytes are in "
              "<sglang_state_dir>/engine.py.prev): rerun restart.yml for this host once the lock's lease ended",
-    "stop": "the old server may be stopped or still draining, engine.py patched: run playbooks/check.yml for this "
-            "host, then rerun restart.yml once the lock's lease ended",
+    "stop": "the old server may be stopped or still draining, engine.py patched, the new one may have been started by "
+            "the stop (process method): run playbooks/check.yml for this host, then rerun restart.yml once the "
+            "lock's lease ended",
     "wait": "the old server is stopped; the stop may have started the new one (process method): run "
             "playbooks/check.yml for this host, then rerun restart.yml once the lock's lease ended",
     "launch": "ssh lost during launch: the server may have come up; run playbooks/check.yml for this host",

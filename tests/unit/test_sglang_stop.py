@@ -712,3 +712,33 @@ def test_start_after_is_not_used_in_check_mode_and_needs_gpu_wait(tmp_path, caps
     result = run_main(stop, args, capsys)
     assert result["failed"] and "gpu_wait" in result["msg"] and "start_after" in result["msg"]
     assert not (tmp_path / "new.pid").exists()
+
+
+def test_start_after_starts_the_server_in_the_call_that_ends_a_sliced_stop(unique_title, tmp_path, capsys,
+                                                                          monkeypatch):
+    use_recorded_processes(monkeypatch)
+    monkeypatch.setattr(G, "pynvml", make_fake_nvml("idle"))
+    old = _start_titled(unique_title, ignore_term=True)
+    args = dict(_nothing_to_stop(tmp_path, poll_interval_ms=10, timeout_s=5), pattern=re.escape(unique_title),
+                grace_s=4, kill_timeout_s=5, slice_s=0.2,
+                start_after=_start_spec(tmp_path, "import time; time.sleep(30)"))
+    try:
+        first = run_main(stop, args, capsys)
+        # The slice ended while the grace runs: nothing started yet, the old server still holds its place.
+        assert first["done"] is False and "start" not in first, first.get("progress")
+        assert not (tmp_path / "new.pid").exists()
+        result = first
+        for _ in range(200):
+            result = registered(run_main(stop, dict(args, resume=registered(result)), capsys))
+            if result["done"]:
+                break
+        old.wait(timeout=5)
+        assert result["done"] and result["signalled"][0]["ended"] == "after SIGKILL"
+        start = result["start"]
+        assert start["started"] is True and int((tmp_path / "new.pid").read_text()) == start["pid"]
+        assert start["started_at"] >= result["gpu_wait"]["started_at"]
+    finally:
+        if old.poll() is None:
+            old.kill()
+        if (tmp_path / "new.pid").exists():
+            _end(int((tmp_path / "new.pid").read_text()))
