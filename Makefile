@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 .PHONY: setup system-packages venv venv-new lab-up lab-down demo roll-under-load test test-unit test-lab test-new lint docs \
-	clean collection ee-context awx-lint bench
+	clean collection ee-context awx-lint bench bench-site
 
 setup: system-packages venv
 
@@ -112,14 +112,15 @@ awx-lint: venv
 
 # Lab benchmarks (issue 14): brings up its own lab in .lab-bench (64 hosts), measures, takes it down, writes
 # docs/benchmarks.json, the generated section of docs/benchmarks.md and docs/img/bench-*.png (about 25 min on 2
-# cores). Parts: make bench BENCH_ARGS='--only single,check --runs 3'. matplotlib goes to .cache/bench-site only.
+# cores). Parts: make bench BENCH_ARGS='--only single,check --runs 3'. matplotlib and py-spy (make bench-site) go to .cache/bench-site only.
 BENCH_ARGS ?=
 BENCH_SITE := $(CURDIR)/.cache/bench-site
+bench-site: venv $(BENCH_SITE)/.installed
 bench: setup $(BENCH_SITE)/.installed
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUFLEET_BENCH_SITE=$(BENCH_SITE) PYTHONUNBUFFERED=1 \
 	  $(VENV)/bin/python tests/bench/bench.py $(BENCH_ARGS)
 $(BENCH_SITE)/.installed: requirements/bench.txt
-	$(VENV)/bin/python -m pip install -q --target $(BENCH_SITE) -r requirements/bench.txt
+	$(VENV)/bin/python -m pip install -q --upgrade --target $(BENCH_SITE) -r requirements/bench.txt
 	touch $@
 
 clean: lab-down

@@ -23,6 +23,10 @@ Definitions (all times Unix s on the controller clock unless noted):
   ``nvidia-smi --query-gpu=...`` with the very ssh command lines Ansible used (taken from ``-vvv`` of a warm-up
   ping, so ControlPath, ControlPersist, known_hosts and user are the same), ``forks`` at a time; alternating,
   warm connections. controller CPU = user+sys of the waited-for children (getrusage RUSAGE_CHILDREN).
+- check_floor_*: the same fan-out through Ansible without gpufleet's module (``-m raw`` with the same query, and
+  ``-m ping``), to separate Ansible's own per-host cost from the module's.
+- mitogen group: the ad-hoc ``nvidia_gpu_info`` with mitogen's ``mitogen_linear`` strategy (mitogen from
+  .cache/bench-site, requirements/bench.txt) against the default strategy, alternating, warm.
 """
 import argparse
 import concurrent.futures
@@ -68,6 +72,14 @@ KEYS = {
     "check_vs_raw_ratio_64": ("×", "check_s_64 / raw_s_64, paired runs", "≤ 1.5"),
     "controller_cpu_ms_per_host_check": ("ms", "controller CPU (children user+sys) per host, ad-hoc info", None),
     "controller_cpu_ms_per_host_raw": ("ms", "controller CPU (children user+sys) per host, raw ssh", None),
+    "check_floor_raw_module_s_64": ("s", "Ansible's floor: `ansible gpu_hosts -m ansible.builtin.raw -a 'nvidia-smi "
+                                    "--query-gpu=...'` (no Python on the target), 64 hosts, warm ssh", None),
+    "check_floor_ping_s_64": ("s", "Ansible's floor for a Python module: `ansible gpu_hosts -m ansible.builtin.ping`, "
+                              "64 hosts, warm ssh", None),
+    "check_s_64_mitogen": ("s", "the ad-hoc `nvidia_gpu_info` of check_s_64 under ANSIBLE_STRATEGY=mitogen_linear "
+                           "(mitogen from requirements/bench.txt), 64 hosts", None),
+    "check_mitogen_vs_default_ratio_64": ("×", "check_s_64_mitogen / the same command under the default strategy, "
+                                          "paired runs", None),
     "checkplay_s_64": ("s", "`ansible-playbook playbooks/check.yml`, 64 hosts (reported, no target)", None),
     "restart_all_at_once_64_vs_1_ratio": ("×", "median per-host downtime, -e gpufleet_serial=64 on 64 hosts, "
                                           "over single-host downtime (one paired run)", None),
@@ -79,14 +91,15 @@ GROUPS = {
     "single": ["downtime_s_1", "summary_downtime_s_1", "start_to_ready_s_1", "downtime_overhead_s_median",
                "batch_overhead_s_median"],
     "check": ["check_s_64", "raw_s_64", "check_vs_raw_ratio_64", "controller_cpu_ms_per_host_check",
-              "controller_cpu_ms_per_host_raw"],
+              "controller_cpu_ms_per_host_raw", "check_floor_raw_module_s_64", "check_floor_ping_s_64"],
     "scaling_info": [],
     "checkplay": ["checkplay_s_64"],
+    "mitogen": ["check_s_64_mitogen", "check_mitogen_vs_default_ratio_64"],
     "batch8": ["batch8_fast_host_downtime_ratio"],
     "restart64": ["restart_all_at_once_64_vs_1_ratio"],
 }
 # checkplay last: after restart64 every host serves, as in a real fleet.
-ORDER = ["single", "check", "scaling_info", "batch8", "restart64", "checkplay"]
+ORDER = ["single", "check", "scaling_info", "mitogen", "batch8", "restart64", "checkplay"]
 # Groups whose ratio needs the single-host downtime of the same session (paired).
 NEEDS_SINGLE = {"batch8", "restart64"}
 
@@ -531,11 +544,28 @@ class Bench:
             [r["play3_wall_s"] - h["start_to_ready_s"] for r, h in ok if r["play3_wall_s"] is not None], "s", cmd,
             why)
 
-    def _ansible_info(self, hosts):
+    def _ansible_info(self, hosts, module="gpufleet.fleet.nvidia_gpu_info", args=None, ok_text="SUCCESS"):
         pattern = ",".join(hosts) if len(hosts) < len(self.lab.hosts) else "gpu_hosts"
         argv = [os.path.join(os.path.dirname(sys.executable), "ansible"), "-i", self.lab.inventory, pattern,
-                "-m", "gpufleet.fleet.nvidia_gpu_info", "-o"]
-        return self._timed(argv, expect=len(hosts), ok_text="SUCCESS")
+                "-m", module, "-o"] + (["-a", args] if args else [])
+        return self._timed(argv, expect=len(hosts), ok_text=ok_text)
+
+    def _floors(self, hosts, runs):
+        """Ansible's own cost for the same fan-out without gpufleet's module: the raw module (one ssh exec of the
+        same nvidia-smi query, no Python on the target) and ping (the smallest Python module). Same forks, warm
+        connections; returns {key: [wall_s, ...]} of the successful runs."""
+        out = {"check_floor_raw_module_s_64": [], "check_floor_ping_s_64": []}
+        for i in range(runs):
+            raw = self._ansible_info(hosts, "ansible.builtin.raw",
+                                     "nvidia-smi --query-gpu=%s --format=csv" % SMI_QUERY, ok_text="CHANGED")
+            ping = self._ansible_info(hosts, "ansible.builtin.ping")
+            progress("%d hosts floor %d/%d: -m raw %.2f s (cpu %.2f s), -m ping %.2f s (cpu %.2f s)" % (
+                len(hosts), i + 1, runs, raw["wall_s"], raw["cpu_s"], ping["wall_s"], ping["cpu_s"]))
+            if raw["ok"]:
+                out["check_floor_raw_module_s_64"].append(raw["wall_s"])
+            if ping["ok"]:
+                out["check_floor_ping_s_64"].append(ping["wall_s"])
+        return out
 
     def _timed(self, argv, expect=None, ok_text=None):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -631,6 +661,15 @@ class Bench:
                                                               cmd_a, why, digits=1)
         self.keys["controller_cpu_ms_per_host_raw"] = stats([r["cpu_s"] * 1000 / n for _, r in pairs_used], "ms",
                                                             cmd_r, why, digits=1)
+        floors = self._floors(hosts, self.opts.runs)
+        for key, walls in floors.items():
+            cmd = ("ansible -i <lab> gpu_hosts -m ansible.builtin.raw -a 'nvidia-smi --query-gpu=%s --format=csv' -o"
+                   % SMI_QUERY if "raw" in key else "ansible -i <lab> gpu_hosts -m ansible.builtin.ping -o")
+            e = stats(walls if why is None else [], "s", cmd + " (forks %s)" % self.opts.forks,
+                      why or (None if walls else "every run failed"))
+            if e["value"] is not None and self.keys["raw_s_64"]["value"]:
+                e["note"] = "%.1f× the raw ssh fan-out's median" % (e["value"] / self.keys["raw_s_64"]["value"])
+            self.keys[key] = e
         self._scale_points = {n: pairs}
 
     def g_scaling_info(self):
@@ -645,6 +684,52 @@ class Bench:
                                   "raw ssh nvidia-smi": round(statistics.median(r["wall_s"] for _, r in pairs), 3)}
         self.series["info_vs_raw_ssh"] = {"what": "ad-hoc nvidia_gpu_info vs raw ssh nvidia-smi, warm, median wall",
                                           "x": "hosts", "unit": "s", "points": points}
+
+    def _mitogen_env(self):
+        """ANSIBLE_STRATEGY(_PLUGINS) for mitogen_linear from the bench site; RuntimeError when it is missing."""
+        site = os.environ.get("GPUFLEET_BENCH_SITE") or os.path.join(ROOT, ".cache", "bench-site")
+        plugins = os.path.join(site, "ansible_mitogen", "plugins", "strategy")
+        if not os.path.isdir(plugins):
+            raise RuntimeError("mitogen is not installed in %s (make bench-site)" % site)
+        return dict(self.env, ANSIBLE_STRATEGY_PLUGINS=plugins, ANSIBLE_STRATEGY="mitogen_linear",
+                    PYTHONPATH=os.pathsep.join(p for p in (site, self.env.get("PYTHONPATH")) if p))
+
+    def g_mitogen(self):
+        hosts = self.lab.hosts[:64]
+        menv = self._mitogen_env()
+        plain_env = self.env
+        cmd = "ansible -i <lab> gpu_hosts -m gpufleet.fleet.nvidia_gpu_info -o (forks %s)" % self.opts.forks
+        pairs = []
+        try:
+            self.env = menv
+            self._ansible_info(hosts)  # warm: mitogen's own connections
+        finally:
+            self.env = plain_env
+        self._ansible_info(hosts)
+        for i in range(self.opts.runs):
+            order = ("mitogen", "default") if i % 2 == 0 else ("default", "mitogen")
+            res = {}
+            for which in order:
+                self.env = menv if which == "mitogen" else plain_env
+                try:
+                    res[which] = self._ansible_info(hosts)
+                finally:
+                    self.env = plain_env
+            progress("%d hosts mitogen pair %d/%d: mitogen_linear %.2f s (cpu %.2f s) vs default %.2f s (cpu %.2f s)%s"
+                     % (len(hosts), i + 1, self.opts.runs, res["mitogen"]["wall_s"], res["mitogen"]["cpu_s"],
+                        res["default"]["wall_s"], res["default"]["cpu_s"],
+                        "" if res["mitogen"]["ok"] and res["default"]["ok"] else " FAILED"))
+            if res["mitogen"]["ok"] and res["default"]["ok"]:
+                pairs.append((res["mitogen"], res["default"]))
+        why = None if len(hosts) == 64 else "lab has %d hosts, not 64" % len(hosts)
+        if not pairs and why is None:
+            why = "no pair where both runs succeeded"
+        used = [] if why else pairs
+        self.keys["check_s_64_mitogen"] = stats([m["wall_s"] for m, _ in used], "s",
+                                                "ANSIBLE_STRATEGY=mitogen_linear " + cmd, why)
+        self.keys["check_mitogen_vs_default_ratio_64"] = stats(
+            [m["wall_s"] / d["wall_s"] for m, d in used], "×",
+            "ANSIBLE_STRATEGY=mitogen_linear vs default strategy: " + cmd, why)
 
     def g_checkplay(self):
         hosts = self.lab.hosts[:64]
@@ -723,7 +808,7 @@ class Bench:
         self.keys["restart_all_at_once_64_vs_1_ratio"] = self._ratio(d, cmd, res)
 
     def run(self, groups):
-        need_hosts = 64 if {"check", "scaling_info", "checkplay", "restart64"} & set(groups) else 8
+        need_hosts = 64 if {"check", "scaling_info", "checkplay", "restart64", "mitogen"} & set(groups) else 8
         if "single" not in groups and NEEDS_SINGLE & set(groups):
             groups = ["single"] + groups
         self.lab_up(self.opts.hosts or need_hosts)

@@ -1,7 +1,8 @@
 """Helpers for tests/gpu/real_restart.sh (restart.yml on a machine with real NVIDIA GPUs).
 
 Subcommands:
-  poll OUT.jsonl [--period-ms 10]        independent NVML poller: one line {"t", "gpu", "used_mib", "procs"} per
+  poll OUT.jsonl [--period-ms 10]        independent NVML poller: one line {"t", "t_call", "t_end", "gpu", "used_mib",
+                                         "procs"} per
                                          change of a GPU's used MiB (nvmlDeviceGetMemoryInfo v2, rounded up like
                                          nvidia-smi) or of its compute-process count
                                          (nvmlDeviceGetComputeRunningProcesses), until SIGTERM. Own process: it
@@ -10,7 +11,8 @@ Subcommands:
                                          backend=nvidia-smi: UUIDs, MiB (used within 1, total, reserved), compute pids.
   report TIMES.jsonl POLL.jsonl OUT.json per run: per-phase wall times (s) from the gpufleet_task_times callback
                                          and, per GPU, release-detection latency (ms) = end of the nvidia_gpu_wait
-                                         task − first poller sample at or under the limit after the stop began.
+                                         task − the moment the poller's NVML call returned the first reading at or
+                                         under the limit after the stop began (t_end).
 Exit status 1 when a comparison or a check fails.
 """
 import json
@@ -44,10 +46,15 @@ def poll(out, period_s=0.010):
         while not stop:
             t = time.time()
             for i, h in enumerate(handles):
+                t_gpu = time.time()
                 used = int(math.ceil(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used / 1048576.0))
                 state = (used, procs(h))
                 if state != last[i]:
-                    fh.write(json.dumps({"t": t, "gpu": i, "used_mib": used, "procs": state[1]}) + "\n")
+                    # t: the sample's start; t_call/t_end: this GPU's NVML calls began/returned. At a release the
+                    # memory call blocks (35-47 ms on H200, tests/gpu/release_trace.py) and returns the freed state:
+                    # t_end is when the poller *saw* it.
+                    fh.write(json.dumps({"t": t, "t_call": t_gpu, "t_end": time.time(), "gpu": i, "used_mib": used,
+                                         "procs": state[1]}) + "\n")
                     fh.flush()
                     last[i] = state
             n += 1
@@ -148,24 +155,30 @@ def report(times_path, poll_path, out, limit_mib=1024):
                 g = {"used_mib_before": before[-1]["used_mib"] if before else None}
                 freed = next((s for s in seq if s["t"] > t_ref and s["used_mib"] <= limit_mib), None)
                 if freed and g["used_mib_before"] is not None and g["used_mib_before"] > limit_mib:
-                    g["free_seen_ms_after_wait_task_start"] = round((freed["t"] - t_wait_start) * 1000, 1)
-                    g["wait_task_end_minus_free_seen_ms"] = round((t_wait - freed["t"]) * 1000, 1)
+                    # The poller saw it free when its NVML call returned (t_end; older poll files: the sample's
+                    # start t). The call that returns the freed state blocks while the driver tears the killed
+                    # context down; its start is not a moment anyone could have known.
+                    seen_free = freed.get("t_end", freed["t"])
+                    g["poller_free_call_ms"] = round((seen_free - freed.get("t_call", freed["t"])) * 1000, 1)
+                    g["free_seen_ms_after_wait_task_start"] = round((seen_free - t_wait_start) * 1000, 1)
+                    g["wait_task_end_minus_free_seen_ms"] = round((t_wait - seen_free) * 1000, 1)
                     # Split (inventory/local: the module's clock is the controller's): the poll that saw the
                     # memory free (started_at + elapsed_ms) minus the poller's sample, and the module's exit plus
                     # the result's trip to the callback.
                     if w.get("started_at") is not None and w.get("elapsed_ms") is not None:
                         seen = float(w["started_at"]) + w["elapsed_ms"] / 1000.0
-                        g["module_seen_minus_free_seen_ms"] = round((seen - freed["t"]) * 1000, 1)
+                        g["module_seen_minus_free_seen_ms"] = round((seen - seen_free) * 1000, 1)
                         g["wait_task_end_minus_module_seen_ms"] = round((t_wait - seen) * 1000, 1)
                     # The wait's full condition (require_no_processes): memory free and no compute process.
                     gone = next((s for s in seq if s["t"] > t_ref and s["used_mib"] <= limit_mib
                                  and s.get("procs") == 0), None)
                     if gone:
-                        g["free_and_no_process_seen_ms_after_free_seen"] = round((gone["t"] - freed["t"]) * 1000, 1)
-                        g["wait_task_end_minus_free_and_no_process_seen_ms"] = round((t_wait - gone["t"]) * 1000, 1)
+                        gone_t = gone.get("t_end", gone["t"])
+                        g["free_and_no_process_seen_ms_after_free_seen"] = round((gone_t - seen_free) * 1000, 1)
+                        g["wait_task_end_minus_free_and_no_process_seen_ms"] = round((t_wait - gone_t) * 1000, 1)
                     if stop:
-                        g["free_seen_s_after_stop_start"] = round(freed["t"] - stop[0]["start"], 3)
-                        g["free_seen_ms_after_stop_task_end"] = round((freed["t"] - stop[0]["end"]) * 1000, 1)
+                        g["free_seen_s_after_stop_start"] = round(seen_free - stop[0]["start"], 3)
+                        g["free_seen_ms_after_stop_task_end"] = round((seen_free - stop[0]["end"]) * 1000, 1)
                 per_gpu[str(gpu)] = g
             entry["release_per_gpu"] = per_gpu
         result["runs"][run] = entry

@@ -246,3 +246,70 @@ def test_prober_sees_a_server_go_away_and_come_back():
     assert d["last_ok"] <= t_down and d["first_ok_after"] >= t_up
     assert 0.45 <= d["downtime_s"] < 3.0
     assert len(p.samples["h"]) > 20
+
+
+# -- controller profile folding (tests/bench/profile_controller.py) -------------------------------------------
+import profile_controller  # noqa: E402
+
+_PARENT = ("process 1:\"ansible-playbook\";main (ansible/cli/playbook.py:231);"
+           "TaskQueueManager.run (/v/lib/python3.11/site-packages/ansible/executor/task_queue_manager.py:386);"
+           "StrategyModule.run (/v/lib/python3.11/site-packages/ansible/plugins/strategy/free.py:184)")
+_RAW = [
+    # a worker building a module payload, parsing a source
+    _PARENT + ";Popen._launch (/usr/lib/python3.11/multiprocessing/popen_fork.py:71);"
+    "BaseProcess._bootstrap (/usr/lib/python3.11/multiprocessing/process.py:314);"
+    "modify_module (/v/lib/python3.11/site-packages/ansible/executor/module_common.py:1312);"
+    "_compile_module_ast (/v/lib/python3.11/site-packages/ansible/executor/module_common.py:851) 7",
+    # the parent inside os.fork
+    _PARENT + ";Popen._launch (/usr/lib/python3.11/multiprocessing/popen_fork.py:66) 3",
+    # the parent's loop
+    _PARENT + " 5",
+    # start-up, before the TQM
+    "process 1:\"ansible-playbook\";main (ansible/cli/playbook.py:231);Playbook.load (x.py:1) 2",
+    "a line that is not a sample",
+]
+
+
+def test_profile_fold_counts_inclusive_once_per_sample_and_own_at_the_leaf():
+    total, incl, own = profile_controller.fold(_RAW)
+    assert total == 17
+    free = "StrategyModule.run (ansible/plugins/strategy/free.py:184)"  # shortened below site-packages
+    assert incl[free] == 15 and own[free] == 5
+    assert own["_compile_module_ast (ansible/executor/module_common.py:851)"] == 7
+    assert incl["main (ansible/cli/playbook.py:231)"] == 17
+
+
+def test_profile_buckets_split_child_work_from_the_parents_fork_and_loop():
+    b = profile_controller.bucket_counts(_RAW)
+    labels = [label for label, _ in profile_controller.BUCKETS]
+    worker, build, parse, fork, loop = labels[:5]
+    assert (b[worker], b[build], b[parse]) == (7, 7, 7)
+    assert b[fork] == 3  # the fork seen from the parent, not the child's work under it
+    assert b[loop] == 5
+    assert b[labels[-1]] == 2  # start-up: no TaskQueueManager.run frame
+
+
+def test_release_report_measures_from_when_the_pollers_call_returned(tmp_path):
+    """A release seen by a poller call that blocked 40 ms: the latency counts from that call's return (t_end),
+    the blocked time is reported apart; a sample without t_end (older poll files) counts from its start."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "gpu"))
+    import real_restart
+    times = tmp_path / "times.jsonl"
+    times.write_text(json.dumps({"run": "held1", "play": "Restart", "role": "gpu_memory_wait", "task": "wait",
+                                 "action": "gpufleet.fleet.nvidia_gpu_wait", "status": "ok", "start": 100.0,
+                                 "runner_start": 100.0, "end": 102.0, "started_at": 100.5,
+                                 "elapsed_ms": 1450}) + "\n")
+    poll = tmp_path / "poll.jsonl"
+    poll.write_text("".join(json.dumps(x) + "\n" for x in [
+        {"t": 99.0, "t_call": 99.0, "t_end": 99.0001, "gpu": 0, "used_mib": 21000, "procs": 1},
+        {"t": 101.90, "t_call": 101.90, "t_end": 101.94, "gpu": 0, "used_mib": 0, "procs": 0},
+        {"t": 99.0, "gpu": 1, "used_mib": 21000, "procs": 1},
+        {"t": 101.93, "gpu": 1, "used_mib": 0, "procs": 0}]))
+    out = tmp_path / "report.json"
+    assert real_restart.report(str(times), str(poll), str(out))
+    g = json.loads(out.read_text())["runs"]["held1"]["release_per_gpu"]
+    assert g["0"]["poller_free_call_ms"] == pytest.approx(40.0)
+    assert g["0"]["wait_task_end_minus_free_seen_ms"] == pytest.approx(60.0)  # 102.0 - 101.94
+    assert g["0"]["module_seen_minus_free_seen_ms"] == pytest.approx(10.0)   # 100.5 + 1.45 - 101.94
+    assert g["1"]["wait_task_end_minus_free_seen_ms"] == pytest.approx(70.0)  # no t_end: from t
+    assert bench_h200.release_samples(json.loads(out.read_text())) == [pytest.approx(60.0)]
