@@ -768,8 +768,9 @@ def kill_survivors(entries, kill_timeout_s, started_at, poll_s, now=time.time, s
 def shm_holders(shm_dir, pids=None, proc_root="/proc"):
     """Map path under ``shm_dir`` → set of pids that map it (/proc/<pid>/maps) or hold it open (/proc/<pid>/fd).
 
-    Also returns the set of pids whose maps/fds could not be read (other users without privilege), so callers
-    can keep segments such processes might hold. Returns (holders dict, unreadable set of (pid, uid)).
+    Also returns the set of pids whose maps/fds could not be read (other users without privilege, any read error
+    but the process's end), so callers can keep segments such processes might hold. A process that ends while it
+    is read (ENOENT, ESRCH) is left out. Returns (holders dict, unreadable set of (pid, uid)).
     """
     prefix = shm_dir.rstrip("/") + "/"
     holders = {}
@@ -795,13 +796,16 @@ def shm_holders(shm_dir, pids=None, proc_root="/proc"):
                     continue
                 if target.startswith(prefix):
                     holders.setdefault(target, set()).add(pid)
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):
+            # Gone: ENOENT at open, ESRCH when the process exits while its maps are read (a stop in the 64-host
+            # lab under load failed on it: "[Errno 3] No such process"). An ended process holds nothing.
             continue
-        except PermissionError:
-            if pid == 1:
+        except OSError as exc:
+            if isinstance(exc, PermissionError) and pid == 1:
                 # An init never maps NCCL/CUDA segments; in containers its maps are often unreadable even to
                 # root, which would otherwise keep every segment forever.
                 continue
+            # Not readable (no privilege, or another error): the segments its owner might hold are kept.
             try:
                 uid = os.stat(base).st_uid
             except OSError:
@@ -959,6 +963,11 @@ def run(module, now=time.time):
                 try:
                     os.unlink(path)
                 except FileNotFoundError:
+                    continue
+                except OSError as exc:
+                    # A directory or an undeletable entry under the pattern: kept, named; the processes are
+                    # already gone, so the stop itself has succeeded and must say so.
+                    kept.append({"path": path, "holders": [], "reason": "could not remove: %s" % exc.strerror})
                     continue
             result["removed_shm"].append(path)
 

@@ -742,3 +742,41 @@ def test_start_after_starts_the_server_in_the_call_that_ends_a_sliced_stop(uniqu
             old.kill()
         if (tmp_path / "new.pid").exists():
             _end(int((tmp_path / "new.pid").read_text()))
+
+
+def test_shm_holders_skips_a_process_that_ends_while_read_and_keeps_an_unreadable_ones_segments(tmp_path, monkeypatch):
+    """Reading /proc/<pid>/maps of a process that exits meanwhile raises ESRCH (ProcessLookupError): that process
+    holds nothing and the stop goes on; any other read error counts the process as unreadable (its owner's
+    segments are kept), as a permission error does."""
+    import errno
+    proc = tmp_path / "proc"
+    shm = "/dev/shm-test"
+    for pid, line in ((100, shm + "/nccl-a\n"), (101, ""), (102, ""), (103, shm + "/nccl-b\n")):
+        (proc / str(pid) / "fd").mkdir(parents=True)
+        (proc / str(pid) / "maps").write_text("7f00-7f01 rw-s 0 00:1 1 " + line if line else "")
+    real_open = open
+
+    def fake_open(path, *a, **kw):
+        if path.endswith("/101/maps"):
+            raise ProcessLookupError(errno.ESRCH, "No such process")
+        if path.endswith("/102/maps"):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(path, *a, **kw)
+    monkeypatch.setattr(stop, "open", fake_open, raising=False)
+    holders, unreadable = stop.shm_holders(shm, proc_root=str(proc))
+    assert holders == {shm + "/nccl-a": {100}, shm + "/nccl-b": {103}}
+    assert {pid for pid, _uid in unreadable} == {102}
+
+
+def test_a_segment_that_cannot_be_removed_is_kept_and_named_not_a_failed_stop(tmp_path, capsys):
+    """A directory matching a segment pattern in shm_dir (os.unlink: EISDIR) is reported in kept_shm with the
+    reason; the stale file next to it is removed and the stop succeeds."""
+    (tmp_path / "nccl-dir").mkdir()
+    (tmp_path / "nccl-stale").write_bytes(b"x")
+    result = run_main(stop, {"pattern": "no-such-title-" + uuid.uuid4().hex, "pid_file": str(tmp_path / "x.pid"),
+                             "shm_dir": str(tmp_path)}, capsys)
+    assert not result.get("failed"), result
+    assert result["removed_shm"] == [str(tmp_path / "nccl-stale")]
+    assert [(k["path"], k["reason"].startswith("could not remove: ")) for k in result["kept_shm"]] == [
+        (str(tmp_path / "nccl-dir"), True)]
+    assert (tmp_path / "nccl-dir").is_dir() and not (tmp_path / "nccl-stale").exists()
