@@ -133,7 +133,8 @@ def parse_environ(raw):
 
 
 def read_environ(pid, proc_root="/proc"):
-    """Raw environ bytes of ``pid``; raises OSError (PermissionError, FileNotFoundError)."""
+    """Raw environ bytes of ``pid``; raises OSError (PermissionError; FileNotFoundError or ProcessLookupError when
+    the process ends before or while it is read)."""
     with open(os.path.join(proc_root, str(pid), "environ"), "rb") as handle:
         return handle.read()
 
@@ -185,8 +186,8 @@ def inspect_workers(pids, title_re, expected, names, proc_root="/proc"):
         entry = {"pid": pid, "title": title}
         try:
             env = parse_environ(read_environ(pid, proc_root))
-        except FileNotFoundError:
-            continue  # exited between listing and reading
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited between listing and reading (ENOENT at open, ESRCH while reading)
         except OSError as exc:
             entry.update(env={}, missing=sorted(expected), mismatched={}, match=False,
                          error="cannot read /proc/%d/environ: %s (run as root or the server's user)"

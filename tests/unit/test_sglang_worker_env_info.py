@@ -88,3 +88,24 @@ def test_environ_overwritten_by_setproctitle_is_reported_with_the_fix(tmp_path):
     [worker] = envinfo.inspect_workers([78], re.compile("^sglang::"), {"NCCL_PROTO": "LL"}, [], str(proc_root))
     assert worker["match"] is False and worker["missing"] == ["NCCL_PROTO"]
     assert "SPT_NOENV=1" in worker["error"]
+
+
+def test_a_worker_that_exits_while_its_environ_is_read_is_left_out(tmp_path, monkeypatch):
+    """ESRCH while reading /proc/<pid>/environ (the process ended meanwhile) means the worker is gone, not that
+    its environment is unreadable for lack of privilege."""
+    import errno
+    import re
+    proc_root = tmp_path / "proc"
+    for pid in (79, 80):
+        (proc_root / str(pid)).mkdir(parents=True)
+        (proc_root / str(pid) / "cmdline").write_bytes(b"sglang::scheduler_TP0\x00")
+        (proc_root / str(pid) / "environ").write_bytes(b"NCCL_PROTO=LL\x00")
+    real = envinfo.read_environ
+
+    def read(pid, root):
+        if pid == 79:
+            raise ProcessLookupError(errno.ESRCH, "No such process")
+        return real(pid, root)
+    monkeypatch.setattr(envinfo, "read_environ", read)
+    workers = envinfo.inspect_workers([79, 80], re.compile("^sglang::"), {"NCCL_PROTO": "LL"}, [], str(proc_root))
+    assert [(w["pid"], w["match"]) for w in workers] == [(80, True)]
