@@ -4,8 +4,8 @@ to an independent 1 ms NVML poller, without Ansible in between.
 
     python3 tests/gpu/release_trace.py --out DIR [--reps 7] [--gib 20] [--poll-ms 20]   # on the GPU machine
 
-Per rep: a holder process (torch) takes ``--gib`` GiB on GPU 0 and sleeps; the poller (its own process, pynvml
-only, one sample per ms, every sample kept while the memory moves) runs throughout. Then two ways of waiting, each
+Per rep: a holder process (torch) takes ``--gib`` GiB on GPU 0 and sleeps; the poller (``real_restart.py poll`` at
+1 ms: its own process, pynvml only, a line per change with each call's start and return) runs throughout. Then two ways of waiting, each
 with the holder SIGKILLed 1 s after the wait began:
 
 - ``traced``: gpufleet_gpu.wait_for_memory (the loop nvidia_gpu_wait and sglang_stop's gpu_wait run) in this
@@ -44,30 +44,6 @@ def holder(gib, ready):
     torch.cuda.synchronize()
     ready.set()
     time.sleep(3600)
-
-
-def poller(path, stop, period_s=0.001):
-    """Every sample's (t, used MiB, compute processes) while the state changes, one JSON line each."""
-    import math
-    import pynvml
-    pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    last = None
-    with open(path, "w") as fh:
-        while not stop.is_set():
-            t = time.time()
-            used = int(math.ceil(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used / 1048576.0))
-            try:
-                procs = len(pynvml.nvmlDeviceGetComputeRunningProcesses(h))
-            except pynvml.NVMLError:
-                procs = None
-            t_end = time.time()
-            if (used, procs) != last:
-                fh.write(json.dumps({"t": t, "t_end": t_end, "used_mib": used, "procs": procs}) + "\n")
-                fh.flush()
-                last = (used, procs)
-            time.sleep(max(0.0, period_s - (time.time() - t)))
-    pynvml.nvmlShutdown()
 
 
 class Stamped:
@@ -213,8 +189,19 @@ def exit_costs(reps=7):
     return out
 
 
+def start_poller(path):
+    """real_restart.py's independent NVML poller (its own process, pynvml only) at 1 ms; stop it with SIGTERM."""
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "real_restart.py"), "poll", path, "--period-ms", "1"])
+
+
 def poller_view(path, t_kill):
-    rows = [json.loads(x) for x in open(path) if x.strip()]
+    """GPU 0's rows of the poll file after the kill: each call's start (t_call) and return (t_end)."""
+    rows = []
+    for line in open(path):
+        r = json.loads(line) if line.strip() else {}
+        if r.get("gpu") == 0:
+            r["t"] = r.get("t_call", r["t"])
+            rows.append(r)
     after = [r for r in rows if r["t"] >= t_kill - 0.002]
     free = next((r for r in after if r["used_mib"] <= LIMIT_MIB), None)
     empty = next((r for r in after if r["used_mib"] <= LIMIT_MIB and r["procs"] == 0), None)
@@ -246,15 +233,14 @@ def main():
     for i in range(opts.reps if set(opts.kinds.split(",")) - {"exit"} else 0):
         for kind in [k for k in opts.kinds.split(",") if k != "exit"]:
             path = os.path.join(opts.out, "poll-%s-%d.jsonl" % (kind, i))
-            ctx = mp.get_context("spawn")
-            stop = ctx.Event()
-            pp = ctx.Process(target=poller, args=(path, stop), daemon=True)
-            pp.start()
+            pp = start_poller(path)
             time.sleep(0.5)
-            r = rep_traced(G, opts.gib, opts.poll_ms) if kind == "traced" else rep_module(opts.gib, opts.poll_ms)
-            time.sleep(0.3)
-            stop.set()
-            pp.join(5)
+            try:
+                r = rep_traced(G, opts.gib, opts.poll_ms) if kind == "traced" else rep_module(opts.gib, opts.poll_ms)
+                time.sleep(0.3)
+            finally:
+                pp.send_signal(signal.SIGTERM)
+                pp.wait(5)
             if r.get("t_kill"):
                 v = poller_view(path, r["t_kill"])
                 os.unlink(path)  # its steps are kept in the rep
