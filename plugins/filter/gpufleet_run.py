@@ -289,7 +289,7 @@ def gpufleet_restart_row(facts):
 
     ``facts`` (mapping; every key optional): ``host``; ``check_mode`` (bool); ``now`` (controller epoch s);
     ``failed_phase`` (stop|wait|patch|launch|verify|lock), ``failed_cause`` (one line in the user's words) and
-    ``rollback`` ({state: rolled_back|file_only|failed|not_needed, detail}) set by the rescue; ``failed_msg``
+    ``rollback`` ({state: rolled_back|relaunched_loading|file_only|failed|not_needed, detail, pid}) set by the rescue; ``failed_msg``
     (the failing task's message, used when there is no failed_cause); ``phase`` (last phase started);
     ``lock_refused`` (message when another run holds the lock); ``stop_started_epoch``, ``ready_epoch``
     (controller epoch s); ``stop_signal_epoch``, ``ready_target_epoch`` (the target's clock, epoch s: when the stop
@@ -340,7 +340,7 @@ def gpufleet_restart_row(facts):
             row["rollback"] = "%s: %s" % (rb_state, _first_line(rollback.get("detail") or "", 400))
         if rb_state == "rolled_back":
             serving = True
-        elif rb_state in ("failed", "file_only"):
+        elif rb_state in ("failed", "file_only", "relaunched_loading"):
             serving = False
         else:
             serving = ready_at is not None or not stopped
@@ -348,9 +348,9 @@ def gpufleet_restart_row(facts):
         if not was_serving:
             row["downtime_s"] = 0.0  # nothing served before this run: no service was interrupted
         elif target_stop_at is not None and target_ready_at is not None and rb_state not in (
-                "rolled_back", "failed", "file_only"):
+                "rolled_back", "failed", "file_only", "relaunched_loading"):
             row["downtime_s"] = round(max(target_ready_at - target_stop_at, 0.0), 1)
-        elif ready_at is not None and rb_state not in ("rolled_back", "failed", "file_only"):
+        elif ready_at is not None and rb_state not in ("rolled_back", "failed", "file_only", "relaunched_loading"):
             row["downtime_s"] = round(max(ready_at - stop_at, 0.0), 1)
         elif now is not None:
             row["downtime_s"] = round(max(now - stop_at, 0.0), 1)
@@ -361,6 +361,11 @@ def gpufleet_restart_row(facts):
                              % ("" if check else ": the old server still serves", rerun))
         elif rb_state == "rolled_back":
             row["advice"] = "the previous server serves again (rolled back): fix the cause, then %s" % rerun
+        elif rb_state == "relaunched_loading":
+            rb_pid = _pid((rollback or {}).get("pid"))
+            row["advice"] = ("the previous server was relaunched%s and still loads, not serving yet: "
+                             "playbooks/check.yml -e target=%s shows when it serves; fix the cause, then %s"
+                             % ((" (pid %d)" % rb_pid) if rb_pid else "", host, rerun))
         elif serving:
             row["advice"] = ("the new server serves but did not pass verification: fix the cause, then %s"
                              % rerun)

@@ -311,6 +311,14 @@ log_tail:
   description: Last lines of this launch's log (from O(log_offset)), on failure.
   returned: failure
   type: str
+running:
+  description:
+    - For O(state=ready) when the server did not answer within O(timeout_s) (or another process answers its
+      port): true, the server process still ran when the call gave up, so it may still come up. Absent on
+      success and when the server exited (then C(rc) and C(log_tail) say how).
+  returned: failure of state=ready with the server still running
+  type: bool
+  sample: true
 lock_renewed:
   description: Whether the restart lock's lease was renewed by this call (null without O(lock_dir)).
   returned: state is ready
@@ -658,6 +666,7 @@ def ready_result(result, waiter, pid, elapsed, extra):
 
 def fail_not_ready(module, p, result, waiter, pid, state, extra):
     """fail_json for the Waiter states ``stranger``, ``unknown_owner`` and ``timeout``."""
+    result["running"] = pid_alive(pid)
     if state == "stranger":
         result["listeners"] = extra["listeners"]
         module.fail_json(msg="port %d is answered by %s, not by the launched server (pid %d, still loading): "

@@ -292,6 +292,36 @@ def test_a_slow_load_prints_progress_lines_while_it_waits(lab):
 
 
 @pytest.mark.lab_only_once
+def test_a_relaunch_that_outlasts_the_ready_timeout_is_reported_as_loading_not_as_down(lab):
+    """Loads take longer than sglang_launch_ready_timeout_s: the new server times out, and so does the rollback's
+    relaunch of the previous one, which still runs and serves seconds later. The run says so, not "serves nothing"."""
+    host = lab.hosts[0]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    lab.fault(host, slow_load_s=12)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, limit=host,
+                                  extravars=dict(changed_config(lab, host), sglang_launch_ready_timeout_s=3))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "launch"
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "relaunched_loading", rollback
+        pid = int(rollback["pid"])
+        assert pid == server_pid(lab, host) and pid != before_pid and alive(lab, host, pid)
+        assert "as pid %d and still runs" % pid in rollback["detail"]
+        assert "check.yml -e target=%s" % host in rollback["detail"]
+        row = facts(lab, runner, host, "gpufleet_summary_row")
+        assert row["result"] == "failed" and "still loads" in row["advice"], row
+        assert "serves nothing" not in out and "The host is not serving" not in out, out[-4000:]
+        # ... and it does come up: the previous launch, engine.py as before the run
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+        assert server_pid(lab, host) == pid
+    finally:
+        lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
 def test_verify_failing_stops_the_new_server_and_rolls_back(lab):
     host = lab.hosts[1 % len(lab.hosts)]
     before_pid = ensure_serving(lab, host)

@@ -119,6 +119,16 @@ def test_rolled_back_host_serves_again():
     assert "serves again" in row["advice"]
 
 
+def test_a_relaunch_still_loading_is_not_called_a_host_that_serves_nothing():
+    row = run.gpufleet_restart_row(dict(BASE, failed_phase="launch", failed_cause="did not answer within 3 s",
+                                        rollback={"state": "relaunched_loading", "pid": 4242,
+                                                  "detail": "the previous server was relaunched as pid 4242"}))
+    assert row["result"] == "failed" and row["still_down"] is True and row["downtime_s"] == 100.0
+    assert "serves nothing" not in row["advice"], row["advice"]
+    assert "relaunched (pid 4242) and still loads" in row["advice"]
+    assert "check.yml -e target=h1" in row["advice"] and "restart.yml -e target=h1" in row["advice"]
+
+
 def test_failure_before_the_stop_says_the_old_server_still_serves():
     row = run.gpufleet_restart_row({"host": "h1", "failed_phase": "stop", "failed_msg": "boom",
                                     "rollback": {"state": "not_needed", "detail": "x"}})

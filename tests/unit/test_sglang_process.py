@@ -224,6 +224,7 @@ def test_ready_fails_at_once_with_exit_code_and_only_this_launchs_log(tmp_path, 
     lived = float(result["msg"].split("exited with status 3 ", 1)[1].split(" s after", 1)[0])
     assert 0.4 <= lived < 5, result["msg"]
     assert "exited with status 3" in result["msg"] and "within" not in result["msg"]
+    assert "running" not in result
     assert "scheduler failed while loading" in result["log_tail"]
     assert "earlier run" not in result["log_tail"] and "earlier run" not in result["msg"]
 
@@ -286,6 +287,8 @@ def test_ready_times_out_from_the_servers_start_and_leaves_it_running(tmp_path, 
         assert rc == 1 and "did not answer /health_generate on 127.0.0.1:%d within 1 s" % port in result["msg"]
         assert "still loading" in result["log_tail"]
         assert proc_mod.pid_alive(started["pid"])
+        # the rollback reads this to tell "still loading" from "gone"
+        assert result["running"] is True
     finally:
         _kill_group(started["pid"])
 
