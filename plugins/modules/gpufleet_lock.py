@@ -145,6 +145,7 @@ msg:
   returned: always
 """
 
+import gc
 import json
 
 from ansible.module_utils.basic import AnsibleModule
@@ -279,4 +280,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # Imports and constants to the permanent GC generation: the exit skips walking them (about 20 ms less per
+    # call; docs/benchmarks.md, module exit)
+    gc.freeze()
     main()

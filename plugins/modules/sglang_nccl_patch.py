@@ -200,6 +200,7 @@ msg:
   type: str
 """
 
+import gc
 import hashlib
 import os
 import re
@@ -505,4 +506,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # Imports and constants to the permanent GC generation: the exit skips walking them (about 20 ms less per
+    # call; docs/benchmarks.md, module exit)
+    gc.freeze()
     main()

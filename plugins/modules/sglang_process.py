@@ -325,6 +325,7 @@ lock_renewed:
   type: bool
 """
 
+import gc
 import json
 import os
 import socket
@@ -833,4 +834,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # Imports and constants to the permanent GC generation: the exit skips walking them (about 20 ms less per
+    # call; docs/benchmarks.md, module exit)
+    gc.freeze()
     main()

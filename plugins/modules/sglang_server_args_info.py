@@ -213,6 +213,7 @@ options_unchecked:
   elements: str
 """
 
+import gc
 import os
 
 from ansible.module_utils.basic import AnsibleModule
@@ -352,4 +353,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # Imports and constants to the permanent GC generation: the exit skips walking them (about 20 ms less per
+    # call; docs/benchmarks.md, module exit)
+    gc.freeze()
     main()

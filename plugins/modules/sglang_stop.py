@@ -369,6 +369,7 @@ start:
 """
 
 import fnmatch
+import gc
 import os
 import re
 import signal
@@ -1079,4 +1080,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # Imports and constants to the permanent GC generation: the exit skips walking them (about 20 ms less per
+    # call; docs/benchmarks.md, module exit)
+    gc.freeze()
     main()

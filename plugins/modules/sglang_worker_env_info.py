@@ -94,6 +94,7 @@ server_pid:
   type: int
 """
 
+import gc
 import os
 import re
 import traceback
@@ -242,4 +243,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # Imports and constants to the permanent GC generation: the exit skips walking them (about 20 ms less per
+    # call; docs/benchmarks.md, module exit)
+    gc.freeze()
     main()

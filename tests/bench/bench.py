@@ -27,6 +27,10 @@ Definitions (all times Unix s on the controller clock unless noted):
   ``-m ping``), to separate Ansible's own per-host cost from the module's.
 - mitogen group: the ad-hoc ``nvidia_gpu_info`` with mitogen's ``mitogen_linear`` strategy (mitogen from
   .cache/bench-site, requirements/bench.txt) against the default strategy, alternating, warm.
+- module_exit group (no lab): a gpufleet module's process end, from its ``sys.exit`` (after the result is
+  printed) to the parent seeing the process gone, as run directly (``python3 plugins/modules/M.py ARGS.json``),
+  with the ``gc.freeze()`` of its ``__main__`` guard and, alternating, with gc.freeze made a no-op by a
+  sitecustomize (what every module call cost before).
 """
 import argparse
 import concurrent.futures
@@ -83,6 +87,10 @@ KEYS = {
     "checkplay_s_64": ("s", "`ansible-playbook playbooks/check.yml`, 64 hosts (reported, no target)", None),
     "restart_all_at_once_64_vs_1_ratio": ("×", "median per-host downtime, -e gpufleet_serial=64 on 64 hosts, "
                                           "over single-host downtime (one paired run)", None),
+    "module_exit_ms": ("ms", "module process end: its sys.exit (result printed) → the parent sees it gone; "
+                       "nvidia_gpu_wait run directly, gc.freeze() in its __main__ guard", None),
+    "module_exit_ms_no_freeze": ("ms", "the same with gc.freeze made a no-op (the modules before the freeze), "
+                                 "alternating runs", None),
     "batch8_fast_host_downtime_ratio": ("×", "gpufleet_serial=8 on 8 hosts, one with slow_load_s=20: median "
                                         "downtime of the 7 others / single-host downtime", "≤ 1.2"),
 }
@@ -97,9 +105,12 @@ GROUPS = {
     "mitogen": ["check_s_64_mitogen", "check_mitogen_vs_default_ratio_64"],
     "batch8": ["batch8_fast_host_downtime_ratio"],
     "restart64": ["restart_all_at_once_64_vs_1_ratio"],
+    "module_exit": ["module_exit_ms", "module_exit_ms_no_freeze"],
 }
+# Groups that need no lab.
+NO_LAB = {"module_exit"}
 # checkplay last: after restart64 every host serves, as in a real fleet.
-ORDER = ["single", "check", "scaling_info", "mitogen", "batch8", "restart64", "checkplay"]
+ORDER = ["module_exit", "single", "check", "scaling_info", "mitogen", "batch8", "restart64", "checkplay"]
 # Groups whose ratio needs the single-host downtime of the same session (paired).
 NEEDS_SINGLE = {"batch8", "restart64"}
 
@@ -807,11 +818,26 @@ class Bench:
         self._batch_point(64, res)
         self.keys["restart_all_at_once_64_vs_1_ratio"] = self._ratio(d, cmd, res)
 
+    def g_module_exit(self):
+        n = max(self.opts.runs, 15)
+        with_freeze, without = module_exit_costs(n)
+        cmd = ("python3 plugins/modules/nvidia_gpu_wait.py ARGS.json, %d alternating pairs "
+               "(stamp: sitecustomize wrapping sys.exit)" % n)
+        self.keys["module_exit_ms"] = stats(with_freeze, "ms", cmd, None if with_freeze else "no run stamped its exit",
+                                            digits=1)
+        self.keys["module_exit_ms_no_freeze"] = stats(without, "ms", cmd + "; gc.freeze a no-op",
+                                                      None if without else "no run stamped its exit", digits=1)
+        progress("module exit: %s ms with gc.freeze, %s ms without" % (
+            _fmt(self.keys["module_exit_ms"].get("value")), _fmt(self.keys["module_exit_ms_no_freeze"].get("value"))))
+
     def run(self, groups):
         need_hosts = 64 if {"check", "scaling_info", "checkplay", "restart64", "mitogen"} & set(groups) else 8
         if "single" not in groups and NEEDS_SINGLE & set(groups):
             groups = ["single"] + groups
-        self.lab_up(self.opts.hosts or need_hosts)
+        if set(groups) <= NO_LAB:
+            need_hosts = 0
+        if need_hosts:
+            self.lab_up(self.opts.hosts or need_hosts)
         try:
             for g in ORDER:
                 if g in groups:
@@ -828,7 +854,47 @@ class Bench:
             if self.single:
                 self._batch_point(1, {"hosts": {"h": {"downtime_s": statistics.median(self.single)}}})
         finally:
-            self.lab_down()
+            if need_hosts:
+                self.lab_down()
+
+
+_EXIT_STAMP = """import sys, time
+_exit = sys.exit
+def _stamped_exit(code=0):
+    sys.stderr.write("T_SYS_EXIT %.6f\\n" % time.time())
+    sys.stderr.flush()
+    _exit(code)
+sys.exit = _stamped_exit
+"""
+
+
+def module_exit_costs(n, module="nvidia_gpu_wait"):
+    """``n`` alternating pairs of a gpufleet module run as a process (``python3 plugins/modules/<module>.py
+    ARGS.json``, the collection on PYTHONPATH): ms from its sys.exit to the parent seeing it end, with the module's
+    ``gc.freeze()`` and with it made a no-op. Returns (with_freeze_ms, without_ms), lists of floats. On a machine
+    without nvidia-smi the wait fails at once: fail_json's exit is the same sys.exit path."""
+    stamps = tempfile.mkdtemp(prefix="gpufleet-bench-exit-")
+    with open(os.path.join(stamps, "sitecustomize.py"), "w") as fh:
+        fh.write(_EXIT_STAMP)
+    off = os.path.join(stamps, "nofreeze")
+    os.mkdir(off)
+    with open(os.path.join(off, "sitecustomize.py"), "w") as fh:
+        fh.write(_EXIT_STAMP + "import gc\ngc.freeze = lambda: None\n")
+    args = os.path.join(stamps, "args.json")
+    with open(args, "w") as fh:
+        json.dump({"ANSIBLE_MODULE_ARGS": {"max_used_mib": 1024, "timeout_s": 1, "backend": "nvidia-smi"}}, fh)
+    path = os.path.join(ROOT, "plugins", "modules", module + ".py")
+    out = ([], [])
+    for _ in range(n):
+        for i, site in enumerate((stamps, off)):
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([site, os.path.join(ROOT, "collections")]))
+            proc = subprocess.Popen([sys.executable, path, args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+            _, err = proc.communicate(60)
+            t_end = time.time()
+            stamp = [line.split()[1] for line in err.decode(errors="replace").splitlines() if line.startswith("T_SYS_EXIT ")]
+            if stamp:
+                out[i].append((t_end - float(stamp[-1])) * 1000)
+    return out
 
 
 def select_groups(only):
