@@ -49,13 +49,19 @@ for _k, _v in DEVICE_KEYS.items():
     bench.KEYS.setdefault(_k, _v)
 
 
-def release_samples(report):
+def release_samples(report, skipped=None):
     """Release-detection latencies (ms) from real_restart.py's report document: one per ``held*`` run, the
     smallest ``wait_task_end_minus_free_seen_ms`` over its GPUs (= wait end − the moment the last GPU was seen
-    free). Runs where no GPU was seen going free (memory never held, poller missed it) give no sample."""
+    free). Runs where no GPU was seen going free (memory never held, poller missed it) give no sample, nor do runs
+    whose wait found the memory free on its first poll (``wait_polls`` 1: the release came while the module was
+    still starting, so the figure would be its start-up, not a detection); their names go to ``skipped``."""
     out = []
     for name, run in sorted((report.get("runs") or {}).items()):
         if not name.startswith("held"):
+            continue
+        if run.get("wait_polls") is not None and run["wait_polls"] <= 1:
+            if skipped is not None:
+                skipped.append(name)
             continue
         per_gpu = [g.get("wait_task_end_minus_free_seen_ms") for g in (run.get("release_per_gpu") or {}).values()]
         if per_gpu and all(v is not None for v in per_gpu) and not run.get("failed_tasks"):
@@ -101,13 +107,19 @@ def measure(opts):
     report = json.load(open(report_path)) if os.path.exists(report_path) else {}
     if os.path.exists(report_path):
         shutil.copy(report_path, os.path.join(opts.out, "restart-report.json"))
-    samples = release_samples(report)
+    skipped = []
+    samples = release_samples(report, skipped)
     why = None if samples else "real_restart.sh rc %d: no held-memory wait run with every GPU seen going free" % rc
     keys["release_detect_ms_median_h200"] = bench.stats(
         samples, "ms", "RR_HELD_WAIT_REPS=%d tests/gpu/real_restart.sh DIR %d (%s)" % (opts.reps, opts.mib, command),
         why, digits=1)
+    notes = []
     if samples and rc != 0:
-        keys["release_detect_ms_median_h200"]["note"] = "real_restart.sh exited %d (see restart.log)" % rc
+        notes.append("real_restart.sh exited %d (see restart.log)" % rc)
+    if skipped:
+        notes.append("left out %s: the memory was free before the wait's first poll (wait_polls 1)" % ", ".join(skipped))
+    if samples and notes:
+        keys["release_detect_ms_median_h200"]["note"] = "; ".join(notes)
     # 2. the module process, per backend. After step 1, whose real_restart.sh installed the carried
     # ansible-core into /tmp/site (the module imports ansible.module_utils from there).
     sys.path.insert(0, HERE)

@@ -170,6 +170,15 @@ def test_release_samples_from_a_recorded_h200_report():
     assert bench_h200.release_samples({"runs": {"run1": report["runs"]["held1"]}}) == []
 
 
+def test_release_samples_leave_out_a_wait_that_found_the_memory_free_on_its_first_poll():
+    # 2026-12-02, H200: held1's release came while the module was still starting (its first poll saw it free)
+    with open(os.path.join(ROOT, "tests", "gpu", "results", "gcfreeze-h200x1-run1", "restart-report.json")) as fh:
+        report = json.load(fh)
+    skipped = []
+    samples = bench_h200.release_samples(report, skipped)
+    assert skipped == ["held1"] and len(samples) == 6 and max(samples) < 50
+
+
 def test_merge_adds_device_keys_and_keeps_lab_keys(tmp_path, monkeypatch):
     js, md = tmp_path / "b.json", tmp_path / "b.md"
     lab = bench.merge_doc({}, {"raw_s_64": bench.stats([9.0], "s", "ssh")}, "make bench", {"cores": 2})
