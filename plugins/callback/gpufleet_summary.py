@@ -15,8 +15,9 @@ description:
     turn, C(not_reached) when no task ran for them."
   - "Columns: host, result (ok|check|failed|rolled_back|refused|not_started|not_reached|unreachable), downtime_s
     (s, stop start → a server answered again; C(down:N) = still down, N s so far; 0.0 = no server ran before),
-    release_wait_ms (ms), tokens_per_s, nccl (ok|fail), old_pid, new_pid. Below the table, each host that is not
-    ok gets its phase, cause, rollback and what to do next."
+    release_wait_ms (ms), tokens_per_s, nccl (ok|fail), old_pid, new_pid. Below the table, hosts that are ok with
+    a note (C(first launch): no server ran before the run) get one line per note, and each host that is not ok
+    gets its phase, cause, rollback and what to do next."
   - "Check: for playbooks/check.yml (it publishes C(gpufleet_check) with C(set_stats)) prints the fleet table
     instead: host, verdict (OK|WARN|CRIT), GPUs ok/total, the first reasons (severity, code, GPU), and a count line."
   - "Progress: for a task retried with C(until)/C(retries) whose result carries a C(progress) string (the readiness
@@ -206,7 +207,8 @@ def build_rows(targets, rows, fact_rows, unreachable, failed):
 
 
 def render(rows, table):
-    """The summary text: the table (``table`` = gpufleet_summary_table) and a note per host that is not ok."""
+    """The summary text: the table (``table`` = gpufleet_summary_table), the notes of hosts that are ok (a first
+    launch), one line per note with the hosts it concerns, and a note per host that is not ok."""
     shown = []
     for row in rows:
         cell = dict(row)
@@ -215,6 +217,12 @@ def render(rows, table):
             cell["downtime_s"] = "down" if down is None else "down:%.1f" % float(down)
         shown.append(cell)
     lines = [table(shown)]
+    notes = {}
+    for row in rows:
+        if row.get("result") in ("ok", "check") and row.get("advice"):
+            notes.setdefault((row["result"], row["advice"]), []).append(str(row.get("host")))
+    for (result, note), hosts in notes.items():
+        lines.append("%s: %s: %s" % (", ".join(hosts), result, note))
     for row in rows:
         if row.get("result") in ("ok", "check"):
             continue

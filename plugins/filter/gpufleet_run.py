@@ -299,7 +299,8 @@ def gpufleet_restart_row(facts):
     ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s).
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
-    ``advice`` (what to do next); ``rollback`` ("state: detail"); ``downtime_s`` (s from the start of the stop
+    ``advice`` (what to do next; on a row that is ok, only a note: "first launch: ..." when no server ran before
+    this run and it launched one); ``rollback`` ("state: detail"); ``downtime_s`` (s from the start of the stop
     until a server answered again; 0.0 when no server ran before; for a host still down: so far, with
     ``still_down`` true; null when nothing was stopped); ``release_wait_ms``, ``tokens_per_s``, ``nccl``
     (ok|fail|null), ``old_pid``, ``new_pid``.
@@ -317,6 +318,9 @@ def gpufleet_restart_row(facts):
     old_pid = _pid(f.get("stop_old_pid"))
     was_serving = old_pid is not None or bool(_num(f.get("stop_signalled")))
     stopped = stop_at is not None and not check
+    # No server ran before this run and it launched one: the host's first launch, not a restart (its downtime_s
+    # 0.0 says that no service was interrupted, not that a restart took no time).
+    first_launch = stopped and not was_serving and (ready_at is not None or _pid(f.get("new_pid")) is not None)
     rerun = "rerun playbooks/restart.yml -e target=%s" % host
     row = dict.fromkeys(ROW_KEYS)
     row["host"] = host
@@ -372,6 +376,10 @@ def gpufleet_restart_row(facts):
         else:
             row["advice"] = ("this host serves nothing now: fix the cause, then %s (playbooks/check.yml shows "
                              "its state)" % rerun)
+        if first_launch:
+            row["advice"] = "first launch (no server ran before this run): " + row["advice"]
+    elif first_launch:
+        row["advice"] = "first launch: no server ran before this run, so none was interrupted (downtime_s 0.0)"
     row["release_wait_ms"] = _num(f.get("release_wait_ms"))
     row["tokens_per_s"] = _num(f.get("tokens_per_s"))
     nccl = f.get("nccl_ok")

@@ -560,8 +560,12 @@ class Waiter(object):
                   % (self.p["port"], describe_listeners(listeners))) if listeners else ""
         status = ("with status %d" % rc) if rc is not None and rc >= 0 else (
             "killed by signal %d" % -rc if rc is not None else "(exit status unknown)")
-        msg = ("the server (pid %d) exited %s %.1f s after it started, before %s answered.%s Last lines of this "
-               "launch's log:\n%s\nFull log: %s" % (self.pid, status, elapsed_s, self.what, holder,
+        # The first line stands alone (callers quote only it: the launch role's failure, restart.yml's summary
+        # row), so it carries the log's last line; the lines after it are for a person reading the whole message.
+        last = last_log_line(self.p["log_file"], self.p["log_offset"], width=160) if self.p["log_file"] else ""
+        ends = (" Its log ends: '%s'." % last) if last else (" Its log is empty." if self.p["log_file"] else "")
+        msg = ("the server (pid %d) exited %s %.1f s after it started, before %s answered.%s%s\nLast lines of this "
+               "launch's log:\n%s\nFull log: %s" % (self.pid, status, elapsed_s, self.what, holder, ends,
                                                    tail or "(empty)", self.p["log_file"] or "-"))
         return msg, dict(rc=rc, log_tail=tail, listeners=listeners)
 
@@ -679,8 +683,8 @@ def fail_not_ready(module, p, result, waiter, pid, state, extra):
     tail = log_tail(p["log_file"], p["log_tail_lines"], p["log_offset"]) if p["log_file"] else ""
     module.fail_json(msg="the server (pid %d, still running) did not answer %s within %.0f s of starting (last: %s). "
                      "The model may still be loading: raise sglang_launch_ready_timeout_s, or read the log "
-                     "%s. Last lines of this launch's log:\n%s" % (pid, waiter.what, p["timeout_s"], waiter.last,
-                                                                  p["log_file"] or "-", tail or "(empty)"),
+                     "%s.\nLast lines of this launch's log:\n%s" % (pid, waiter.what, p["timeout_s"], waiter.last,
+                                                                    p["log_file"] or "-", tail or "(empty)"),
                      log_tail=tail, **result)
 
 

@@ -219,8 +219,15 @@ def fleet_table(report):
 
 
 def _why_lines(report):
-    """Below the table: what went wrong per host (restart rows' phase/cause/next), and run-wide refusals."""
+    """Below the table: what went wrong per host (restart rows' phase/cause/next), the notes of restart rows that
+    went well (a first launch: no server ran before), one line per note, and run-wide refusals."""
     lines = ["run refused: %s" % err for err in report["run_errors"]]
+    notes = {}
+    for host in sorted(report["hosts"]) if report["command"] == "restart" else []:
+        advice = report["hosts"][host].get("advice")
+        if advice and host not in report["failed_hosts"]:
+            notes.setdefault(advice, []).append(host)
+    lines += ["%s: %s" % (", ".join(hosts), note) for note, hosts in notes.items()]
     for host in report["failed_hosts"]:
         row = report["hosts"][host]
         if report["command"] == "check":

@@ -179,6 +179,24 @@ def test_gpu_faults_give_their_reasons(lab, served):
     assert "host(s) at or above CRIT" in out
 
 
+def test_the_failure_is_the_critical_hosts_own(lab):
+    # Not the first host's (the fleet is judged by run_once tasks that run for it): the recap, AWX and the gpufleet
+    # command name the host that is CRIT.
+    ok, bad = lab.hosts[0], lab.hosts[1]
+    lab.fault(bad, remap_pending=True)
+    try:
+        runner = run_check(lab, {}, tags="gpu", limit="%s,%s" % (ok, bad))
+    finally:
+        lab.clear_faults(bad)
+    out = stdout_of(runner)
+    stats = check_stats(runner)
+    assert runner.rc != 0 and stats[ok]["verdict"] == "OK" and stats[bad]["verdict"] == "CRIT", out[-3000:]
+    assert lab.failed_hosts(runner) == {bad} and runner.stats["failures"] == {bad: 1}, out[-3000:]
+    [msg] = [d["res"]["msg"] for d in lab.events(runner, "runner_on_failed")]
+    assert msg.startswith("%s is CRIT (remap_pending);" % bad), msg
+    assert "1 host(s) at or above CRIT (gpufleet_check_fail_on=crit)" in msg, msg
+
+
 @pytest.mark.lab_only_once
 def test_driver_faults_and_hung_nvidia_smi_are_crit_in_bounded_time(lab, served):
     a, b = served[0], served[1]

@@ -370,6 +370,13 @@ def test_launch_failure_shows_log_tail_and_names_the_full_log(lab):
         assert tail["res"]["msg"], "log tail is empty"
         msgs = [d["res"]["msg"] for d in lab.events(runner, "runner_on_failed") if d["host"] == host]
         assert any(log_file in m and "did not start or did not answer" in m for m in msgs), msgs
+        # One-line messages quote how the log ends; none announces log lines it does not hold.
+        row = lab.events(runner, "playbook_on_stats")[-1]["artifact_data"]["gpufleet_restart"][host]
+        finals = [d["res"]["msg"] for d in lab.events(runner, "runner_on_failed") if d["host"] == host and
+                  d["task"] in ("Fail with where to look", "Fail the host (the rolling restart stops here)")]
+        assert len(finals) == 2, finals
+        for line in finals + [row["cause"]]:
+            assert "log:." not in line and "Its log ends: '" in line and "crash_on_start" in line, line
         assert "The old server is stopped and no new one serves" in out
         assert lab.events(runner, "runner_on_ok", "sglang_worker_env_info") == []
     finally:

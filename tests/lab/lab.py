@@ -7,6 +7,8 @@
     lab.py exec   --lab-dir DIR HOST -- ARGV...
     lab.py fault  --lab-dir DIR HOST|all KNOB=VALUE... [--clear]
 
+``--lab-dir`` may also follow HOST (``exec HOST --lab-dir DIR -- ARGV``), or any argument before a ``--``.
+
 Needs root, iproute2, util-linux (nsenter) and OpenSSH's sshd. Everything the lab makes is named after a tag
 derived from the absolute lab dir (bridge ``gfl<tag>``, network namespaces ``gfl-<tag>-NN``, subnet
 10.213.K.0/24 with K chosen free), so labs with different ``--lab-dir`` coexist. See tests/lab/README.md.
@@ -714,7 +716,37 @@ def cmd_fault(args):
     return 0
 
 
+def lab_dir_first(argv):
+    """``argv`` with every ``--lab-dir DIR`` / ``--lab-dir=DIR`` moved right after the subcommand.
+
+    Each subcommand takes ``--lab-dir``, but argparse hands exec's ARGV (REMAINDER) everything after HOST and ends
+    fault's KNOB=VALUE list at the first option: ``exec HOST --lab-dir DIR -- ARGV`` ran ``--lab-dir DIR -- ARGV``
+    in the default lab and ``fault HOST --lab-dir DIR KNOB=VALUE`` was refused. exec's command is left alone: all
+    after a ``--``, or without one all from the first argument after HOST that is not ``--lab-dir``."""
+    argv = list(argv)
+    if not argv or argv[0].startswith("-"):
+        return argv
+    moved, rest, positionals, i = [], [], 0, 1
+    while i < len(argv) and argv[i] != "--":
+        arg = argv[i]
+        if arg == "--lab-dir" and i + 1 < len(argv) and argv[i + 1] != "--":
+            moved += argv[i:i + 2]
+            i += 2
+            continue
+        if arg.startswith("--lab-dir="):
+            moved.append(arg)
+        else:
+            if argv[0] == "exec" and not arg.startswith("-"):
+                positionals += 1
+                if positionals == 2:  # exec HOST ARGV... without "--": the command starts here
+                    break
+            rest.append(arg)
+        i += 1
+    return argv[:1] + moved + rest + argv[i:]
+
+
 def main(argv=None):
+    argv = lab_dir_first(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="lab.py", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 

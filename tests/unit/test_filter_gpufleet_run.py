@@ -101,6 +101,19 @@ def test_first_run_without_an_old_server_has_no_downtime():
     assert row["downtime_s"] == 0.0 and row["old_pid"] is None and row["result"] == "ok"
 
 
+def test_first_launch_says_so_instead_of_passing_for_an_instant_restart():
+    row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0))
+    assert row["advice"] == "first launch: no server ran before this run, so none was interrupted (downtime_s 0.0)"
+    assert set(row) == set(run.ROW_KEYS)
+    failed = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, failed_phase="launch",
+                                           failed_cause="the server exited with status 1",
+                                           rollback={"state": "file_only", "detail": "nothing to relaunch"}))
+    assert failed["advice"].startswith("first launch (no server ran before this run): this host serves nothing now")
+    # A restart, and a stop-only run that launched nothing, carry no such note.
+    assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.0))["advice"] is None
+    assert run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, new_pid=None))["advice"] is None
+
+
 def test_failed_host_that_was_stopped_shows_downtime_so_far_and_still_down():
     row = run.gpufleet_restart_row(dict(BASE, failed_phase="wait", failed_cause="GPU memory not released: GPU 3",
                                         rollback={"state": "failed", "detail": "relaunch failed: port taken"},

@@ -163,6 +163,16 @@ def test_restart_report_takes_the_published_rows_and_fails_on_a_rolled_back_host
     assert cli._why_lines(report) == ["gpu-02: verify — NCCL_PROTO missing in TP3 — fix sglang_nccl_env, then rerun"]
 
 
+def test_restart_report_names_the_hosts_whose_launch_was_their_first():
+    p = events.FleetProgress()
+    note = "first launch: no server ran before this run, so none was interrupted (downtime_s 0.0)"
+    rows = {h: {"result": "ok", "downtime_s": 0.0, "new_pid": 42, "advice": note} for h in ("gpu-01", "gpu-02")}
+    rows["gpu-03"] = {"result": "ok", "downtime_s": 2.5, "old_pid": 7, "new_pid": 43}
+    p.handle(_stats({"gpufleet_restart": rows}))
+    report = events.build_report("restart", p, "successful", 0, "/a")
+    assert report["exit_code"] == 0 and cli._why_lines(report) == ["gpu-01, gpu-02: " + note]
+
+
 def test_a_cancelled_run_marks_hosts_still_running_canceled_and_fails():
     p = events.FleetProgress()
     p.handle(ev("runner_on_start", "gpu-01", task="x", role="sglang_preflight"))

@@ -103,6 +103,16 @@ def test_render_shows_down_and_a_note_per_host_that_is_not_ok():
     assert "h3: not_started: the rolling restart stopped at h2 (failed)" in lines
 
 
+def test_render_names_the_hosts_of_a_first_launch_in_one_line():
+    note = "first launch: no server ran before this run, so none was interrupted (downtime_s 0.0)"
+    text = cb.render([
+        {"host": "h1", "result": "ok", "downtime_s": 0.0, "new_pid": 40, "advice": note},
+        {"host": "h2", "result": "ok", "downtime_s": 0.0, "new_pid": 41, "advice": note},
+        {"host": "h3", "result": "ok", "downtime_s": 2.5, "old_pid": 9, "new_pid": 42},
+    ], cb._load_table())
+    assert text.splitlines()[4:] == ["h1, h2: ok: " + note]
+
+
 # -- the callback driven with fake results ------------------------------------------------------------
 
 class FakeDisplay:

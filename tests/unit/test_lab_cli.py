@@ -13,3 +13,36 @@ def test_fault_help_lists_every_knob_with_its_meaning():
     for knob, meaning in labtool.FAULT_KNOBS.items():
         assert "%s: %s" % (knob, meaning) in out
     assert "KNOB=VALUE" in out
+
+
+def _parsed(monkeypatch, argv):
+    """The namespace main() hands to the subcommand for ``argv`` (the subcommand itself is not run)."""
+    seen = []
+    for name in ("cmd_up", "cmd_down", "cmd_status", "cmd_exec", "cmd_fault"):
+        monkeypatch.setattr(labtool, name, lambda args: seen.append(vars(args)) or 0)
+    assert labtool.main(argv) == 0
+    return seen[0]
+
+
+def test_lab_dir_is_taken_after_the_subcommand_and_host_as_well_as_before(monkeypatch):
+    for argv in (["exec", "--lab-dir", "/x", "gpu-lab-01", "--", "ls", "-l"],
+                 ["exec", "gpu-lab-01", "--lab-dir", "/x", "--", "ls", "-l"],
+                 ["exec", "gpu-lab-01", "--lab-dir=/x", "--", "ls", "-l"],
+                 ["exec", "gpu-lab-01", "--lab-dir", "/x", "ls", "-l"]):
+        args = _parsed(monkeypatch, argv)
+        assert (args["lab_dir"], args["host"], args["argv"][-2:]) == ("/x", "gpu-lab-01", ["ls", "-l"]), argv
+    for argv in (["fault", "--lab-dir", "/x", "all", "slow_load_s=2", "tokens_per_s=9"],
+                 ["fault", "all", "--lab-dir", "/x", "slow_load_s=2", "tokens_per_s=9"],
+                 ["fault", "all", "slow_load_s=2", "--lab-dir", "/x", "tokens_per_s=9"],
+                 ["fault", "all", "slow_load_s=2", "tokens_per_s=9", "--lab-dir=/x"]):
+        args = _parsed(monkeypatch, argv)
+        assert (args["lab_dir"], args["host"], args["knobs"]) == ("/x", "all", ["slow_load_s=2", "tokens_per_s=9"]), argv
+    for sub in ("up", "down", "status"):
+        assert _parsed(monkeypatch, [sub, "--lab-dir", "/x"])["lab_dir"] == "/x"
+
+
+def test_exec_leaves_the_commands_own_arguments_alone(monkeypatch):
+    args = _parsed(monkeypatch, ["exec", "gpu-lab-01", "--", "grep", "--lab-dir", "/y", "f"])
+    assert args["argv"][-4:] == ["grep", "--lab-dir", "/y", "f"] and args["lab_dir"] == labtool.DEFAULT_LAB_DIR
+    args = _parsed(monkeypatch, ["exec", "gpu-lab-01", "grep", "--lab-dir", "/y", "f"])
+    assert args["argv"] == ["grep", "--lab-dir", "/y", "f"] and args["lab_dir"] == labtool.DEFAULT_LAB_DIR

@@ -229,6 +229,27 @@ def test_ready_fails_at_once_with_exit_code_and_only_this_launchs_log(tmp_path, 
     assert "earlier run" not in result["log_tail"] and "earlier run" not in result["msg"]
 
 
+def test_ready_failures_first_line_stands_alone_with_how_the_log_ends(tmp_path, capsys):
+    # The launch role and restart.yml's summary quote only the first line: it must not end in "log:" with the
+    # lines it announces left behind.
+    port = _free_port()
+    code = "import sys;print('Load weight begin',flush=True);print('RuntimeError: scheduler failed',flush=True);sys.exit(1)"
+    rc, started = _start(tmp_path, capsys, code)
+    rc, died = _ready(tmp_path, capsys, started, port)
+    first, rest = died["msg"].split("\n", 1)
+    assert rc == 1 and first.endswith("answered. Its log ends: 'RuntimeError: scheduler failed'."), first
+    assert rest.startswith("Last lines of this launch's log:\nLoad weight begin\nRuntimeError: scheduler failed\n")
+    assert rest.endswith("Full log: %s" % (tmp_path / "s.log"))
+    rc, started = _start(tmp_path, capsys, "import time;print('still loading',flush=True);time.sleep(30)")
+    try:
+        rc, late = _ready(tmp_path, capsys, started, port, timeout_s=1, slice_s=5)
+    finally:
+        _kill_group(started["pid"])
+    first, rest = late["msg"].split("\n", 1)
+    assert rc == 1 and first.endswith("or read the log %s." % (tmp_path / "s.log")), first
+    assert rest == "Last lines of this launch's log:\nstill loading"
+
+
 def test_ready_names_the_port_holder_when_the_server_died_on_eaddrinuse(tmp_path, capsys):
     import socket
     with socket.socket() as holder:
