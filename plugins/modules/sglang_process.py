@@ -33,6 +33,11 @@ description:
     O(timeout_s) passed since the server's start (its process creation time)."
   - "O(state=port_free): only checks that nothing listens on O(port) (the check the C(sglang_launch) role runs
     right before a systemd start); changes nothing."
+  - "O(state=recorded): writes O(record) (a mapping: what a rollback needs to start this server again, the
+    C(sglang_launch) role's launch record) as JSON (4-space indent, sorted keys) to O(record_file) atomically
+    (a temporary file in the same directory, fsync, rename; mode 0644), in one module call where
+    C(ansible.builtin.copy) makes three round trips (stat, file transfer, copy). RV(changed) when the file's
+    text differs. Fails, changing nothing, when the directory is missing or not writable."
   - The process outlives the Ansible task and the SSH session; stop it with the C(sglang_stop) module, which
     signals the session recorded here.
   - Idempotent; when O(pid_file) names a live process started before the file was written, nothing is
@@ -44,10 +49,11 @@ author: gpufleet
 options:
   state:
     description:
-      - V(started) starts the server; V(ready) waits one slice for readiness; V(port_free) checks O(port).
+      - V(started) starts the server; V(ready) waits one slice for readiness; V(port_free) checks O(port);
+        V(recorded) writes the launch record O(record) to O(record_file).
       - Stopping is the C(sglang_stop) module's job.
     type: str
-    choices: [started, ready, port_free]
+    choices: [started, ready, port_free, recorded]
     default: started
   argv:
     description: Command and arguments, one element each (C(sglang_launcher) + rendered flags). Required for V(started).
@@ -169,13 +175,22 @@ options:
   lock_owner:
     description: With V(ready), the run id that owns O(lock_dir) (renewal refuses to touch another run's lock). Required with O(lock_dir).
     type: str
+  record:
+    description:
+      - "With V(recorded), the mapping to write (JSON-serialisable). It is echoed in the task's arguments, so
+        never put a secret in it (the launch record holds only whether an API key was set)."
+    type: dict
+  record_file:
+    description: With V(recorded), the file to write (its directory must exist). Required for V(recorded).
+    type: path
 attributes:
   check_mode:
     support: full
     details: V(started) reports whether it would start the process and the argv and starts nothing (a listener on
       O(port) is a warning then, not a failure, because nothing was stopped); V(ready) and V(port_free) only look.
   diff_mode:
-    support: none
+    support: partial
+    details: V(recorded) returns the record file's text before and after; the other states return no diff.
 notes:
   - "Why a new session: the process must not receive the SIGHUP of the closing SSH session, and its process
     group id equals its pid, so C(sglang_stop) can signal the whole tree SGLang spawns."
@@ -226,9 +241,23 @@ EXAMPLES = r"""
   retries: 100
   delay: 0
   when: not started.ready | default(false)
+
+- name: Record how to start this server again (what a rollback reads)
+  sglang_process:
+    state: recorded
+    record_file: /var/lib/gpufleet/launch.json
+    record:
+      argv: "{{ started.argv }}"
+      pid: "{{ started.pid }}"
+      log_file: /var/lib/gpufleet/sglang.log
 """
 
 RETURN = r"""
+record_file:
+  description: With O(state=recorded), the file written (or, in check mode, that would be).
+  returned: state is recorded
+  type: str
+  sample: /var/lib/gpufleet/launch.json
 pid:
   description: Pid of the started (or already running, or awaited) server; null in check mode when it would start.
   returned: always
@@ -313,9 +342,9 @@ log_tail:
   type: str
 running:
   description:
-    - For O(state=ready) when the server did not answer within O(timeout_s) (or another process answers its
-      port): true, the server process still ran when the call gave up, so it may still come up. Absent on
-      success and when the server exited (then C(rc) and C(log_tail) say how).
+    - "For O(state=ready) when the server did not answer within O(timeout_s), or another process answers its
+      port: whether the server process still ran when the call gave up (true: it may still come up). Absent on
+      success and when the server exited (then RV(rc) and RV(log_tail) say how)."
   returned: failure of state=ready with the server still running
   type: bool
   sample: true
@@ -346,7 +375,7 @@ except ImportError:
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 # The start and the port check are shared with sglang_stop's start_after (module_utils gpufleet_spawn).
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_spawn import (
-    WILDCARDS, describe_listeners, log_size, port_listeners, start_server)
+    WILDCARDS, describe_listeners, log_size, port_listeners, start_server, write_file_atomic)
 
 PID_REUSE_SLACK_S = 5.0
 
@@ -783,10 +812,38 @@ def run_port_free(module, p, result):
     module.exit_json(msg="nothing listens on port %d" % p["port"], **result)
 
 
+def run_recorded(module, p):
+    """state=recorded: O(record) as JSON to O(record_file), atomically; changed when the text differs."""
+    path = p["record_file"]
+    text = json.dumps(p["record"], indent=4, sort_keys=True) + "\n"
+    try:
+        with open(path) as handle:
+            before = handle.read()
+    except FileNotFoundError:
+        before = None
+    except (OSError, UnicodeDecodeError) as exc:
+        module.fail_json(msg="cannot read the launch record %s (%s): fix its permissions or remove it" % (path, exc),
+                         record_file=path)
+    result = dict(changed=before != text, record_file=path)
+    if module._diff:
+        result["diff"] = dict(before=before or "", after=text, before_header=path, after_header=path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        module.fail_json(msg="directory %s for record_file does not exist (create sglang_state_dir first)" % directory,
+                         **result)
+    if result["changed"] and not module.check_mode:
+        try:
+            write_file_atomic(path, text)
+        except OSError as exc:
+            module.fail_json(msg="could not write the launch record %s: %s (the previous record, if any, is "
+                             "unchanged)" % (path, exc), **result)
+    module.exit_json(**result)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", default="started", choices=["started", "ready", "port_free"]),
+            state=dict(type="str", default="started", choices=["started", "ready", "port_free", "recorded"]),
             argv=dict(type="list", elements="str"),
             api_key=dict(type="str", no_log=True),
             env=dict(type="dict", default={}),
@@ -811,13 +868,16 @@ def main():
             log_tail_lines=dict(type="int", default=40),
             lock_dir=dict(type="path"),
             lock_owner=dict(type="str"),
+            record=dict(type="dict"),
+            record_file=dict(type="path"),
         ),
         required_together=[("lock_dir", "lock_owner")],
         required_if=[("state", "started", ["argv", "log_file", "pid_file"]),
                      ("wait_ready", True, ["port"]),
                      ("state", "ready", ["port"]),
                      ("state", "ready", ["pid", "pid_file", "unit"], True),
-                     ("state", "port_free", ["port"])],
+                     ("state", "port_free", ["port"]),
+                     ("state", "recorded", ["record", "record_file"])],
         supports_check_mode=True,
     )
     p = module.params
@@ -825,6 +885,8 @@ def main():
         p["exit_file"] = p["pid_file"] + ".exit"
     result = dict(changed=False, started=False, pid=None, started_at=None, log_file=p["log_file"],
                   pid_file=p["pid_file"], exit_file=p["exit_file"])
+    if p["state"] == "recorded":
+        run_recorded(module, p)
     if not HAS_PSUTIL and (p["port"] or p["state"] != "started"):
         module.fail_json(msg=missing_required_lib("psutil"), exception=PSUTIL_ERROR, **result)
     if p["port"] is not None and not 0 < p["port"] < 65536:

@@ -3,6 +3,7 @@
 return, for restarts of gpu-lab-01 in a lab of 2 hosts.
 
     .venv/bin/python tests/bench/profile_single.py [--lab-dir DIR] [--runs N] [--keep-lab] [--start-with-stop false]
+        [--whole-play]
 
 Brings up its own lab (default .lab-profile), starts a server on gpu-lab-01 (not measured), then restarts it N
 times with the gpufleet_task_times callback. Per run it prints, on the target's clock, the stop module's SIGTERM
@@ -41,7 +42,7 @@ def first_ok(runner, prefix):
     return None
 
 
-def one_run(lab, bench, n, extravars):
+def one_run(lab, bench, n, extravars, whole_play=False):
     times = os.path.join(tempfile.mkdtemp(prefix="gpufleet-profile-"), "times.jsonl")
     env = {"ANSIBLE_CALLBACK_PLUGINS": "%s:%s" % (os.path.join(ROOT, "plugins", "callback"),
                                                   os.path.join(ROOT, "tests", "gpu", "callback_plugins")),
@@ -83,10 +84,25 @@ def one_run(lab, bench, n, extravars):
     last = max(i for i, r in enumerate(rows) if any(k in r["task"] for k in (
         "Start SGLang in its own session", "Wait until the launched server answers", "Note when the server became ready")))
     first = next(i for i, r in enumerate(rows) if "Stop the server and SGLang leftovers" in r["task"])
+    if whole_play:
+        first, last = 0, len(rows) - 1
     t0 = rows[first]["start"]
     print("  %7s %6s  %-8s %s" % ("at s", "took s", "status", "task"))
     for r in rows[first:last + 1]:
-        print("  %7.3f %6.3f  %-8s %s" % (r["start"] - t0, r["end"] - r["start"], r["status"], r["task"][:100]))
+        print("  %7.3f %6.3f  %-8s %s %s" % (r["start"] - t0, r["end"] - r["start"], r["status"], r["task"][:100],
+                                            ("[%s]" % r.get("action")) if whole_play else ""))
+    if whole_play:
+        # controller-only actions run no module on the target (no round trip)
+        local = ("set_fact", "set_stats", "debug", "include_tasks", "include_role", "import_tasks", "assert", "fail",
+                 "meta", "include_vars")
+        kinds = {}
+        for r in rows:
+            name = (r.get("action") or "?").split(".")[-1]
+            kind = "controller" if name in local else "module"
+            n, took = kinds.get(kind, (0, 0.0))
+            kinds[kind] = (n + 1, took + r["end"] - r["start"])
+        print("  play wall %.3f s; %s" % (rows[-1]["end"] - rows[0]["start"], "; ".join(
+            "%s tasks: %d, %.3f s" % (k, n, t) for k, (n, t) in sorted(kinds.items()))))
 
 
 def main():
@@ -94,6 +110,8 @@ def main():
     ap.add_argument("--lab-dir", default=os.path.join(ROOT, ".lab-profile"))
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--keep-lab", action="store_true")
+    ap.add_argument("--whole-play", action="store_true", help="every task of play 3, with its action, and the split "
+                    "between module tasks and controller-only tasks")
     ap.add_argument("--start-with-stop", choices=["true", "false"], default="true",
                     help="gpufleet_start_with_stop: the stop's call starts the new server (default) or the launch does")
     opts = ap.parse_args()
@@ -106,7 +124,7 @@ def main():
         warm = lab.run_playbook("playbooks/restart.yml", extravars={"target": HOST})
         print("warm-up (not measured): %s; load %s" % (warm.status, " ".join(open("/proc/loadavg").read().split()[:3])))
         for n in range(1, opts.runs + 1):
-            one_run(lab, bench, n, {"gpufleet_start_with_stop": opts.start_with_stop == "true"})
+            one_run(lab, bench, n, {"gpufleet_start_with_stop": opts.start_with_stop == "true"}, opts.whole_play)
         print("load %s" % " ".join(open("/proc/loadavg").read().split()[:3]))
     finally:
         if not opts.keep_lab:

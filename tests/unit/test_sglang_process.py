@@ -474,3 +474,40 @@ def test_create_dirs_in_check_mode_creates_nothing(tmp_path, capsys):
                            "create_dirs": True, "_ansible_check_mode": True}, capsys)
     assert rc == 0 and result["changed"] and result["created_dirs"] == [str(state)]
     assert not state.exists()
+
+
+def test_recorded_writes_the_record_atomically_and_only_when_it_changes(tmp_path, capsys):
+    path = tmp_path / "launch.json"
+    record = {"format": 1, "argv": ["/opt/sglang/bin/python", "-m", "sglang.launch_server"], "port": 30000,
+              "pid": 4242, "unit_text": None, "api_key_set": False}
+    rc, result = run_main({"state": "recorded", "record_file": str(path), "record": record, "_ansible_diff": True},
+                          capsys)
+    assert rc == 0 and result["changed"] and result["record_file"] == str(path)
+    assert json.loads(path.read_text()) == record and path.read_text().endswith("}\n")
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert result["diff"]["before"] == "" and json.loads(result["diff"]["after"]) == record
+    assert [p.name for p in tmp_path.iterdir()] == ["launch.json"]  # no temporary file left
+    rc, result = run_main({"state": "recorded", "record_file": str(path), "record": record}, capsys)
+    assert rc == 0 and not result["changed"]
+    # check mode: reports the change, writes nothing
+    rc, result = run_main({"state": "recorded", "record_file": str(path), "record": dict(record, pid=5),
+                           "_ansible_check_mode": True}, capsys)
+    assert rc == 0 and result["changed"] and json.loads(path.read_text())["pid"] == 4242
+
+
+def test_recorded_into_a_missing_directory_fails_and_writes_nothing(tmp_path, capsys):
+    path = tmp_path / "no-such-dir" / "launch.json"
+    rc, result = run_main({"state": "recorded", "record_file": str(path), "record": {"pid": 1}}, capsys)
+    assert rc == 1 and "does not exist" in result["msg"] and not path.parent.exists()
+
+
+def test_recorded_keeps_the_previous_record_when_the_write_fails(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "launch.json"
+    path.write_text('{"pid": 1}\n')
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(proc_mod, "write_file_atomic", refuse)
+    rc, result = run_main({"state": "recorded", "record_file": str(path), "record": {"pid": 2}}, capsys)
+    assert rc == 1 and "No space left" in result["msg"] and "unchanged" in result["msg"]
+    assert path.read_text() == '{"pid": 1}\n'

@@ -43,3 +43,20 @@ def test_parses(path):
         list(yaml.safe_load_all(path.read_text()))
     except yaml.YAMLError as exc:  # pragma: no cover - the failure message is the point
         pytest.fail("%s does not parse: %s" % (path.relative_to(ROOT), exc))
+
+
+MODULE_FILES = sorted((ROOT / "plugins" / "modules").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULE_FILES, ids=lambda p: p.name)
+def test_module_docs_parse(path):
+    """DOCUMENTATION, EXAMPLES and RETURN are YAML too: a stray ``: `` in a description makes ansible-doc refuse
+    the module (caught here in a second instead of by the collection test in the lab run)."""
+    import ast
+    found = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in ("DOCUMENTATION", "EXAMPLES",
+                                                                                    "RETURN"):
+            found[node.targets[0].id] = yaml.safe_load(node.value.value)
+    assert set(found) == {"DOCUMENTATION", "EXAMPLES", "RETURN"}, path.name
+    assert found["DOCUMENTATION"]["module"] == path.stem
