@@ -187,7 +187,8 @@ attributes:
   check_mode:
     support: full
     details: V(started) reports whether it would start the process and the argv and starts nothing (a listener on
-      O(port) is a warning then, not a failure, because nothing was stopped); V(ready) and V(port_free) only look.
+      O(port) is a warning then, not a failure, because nothing was stopped); V(ready) and V(port_free) only look;
+      V(recorded) reports whether the record file would change and writes nothing.
   diff_mode:
     support: partial
     details: V(recorded) returns the record file's text before and after; the other states return no diff.
@@ -342,10 +343,11 @@ log_tail:
   type: str
 running:
   description:
-    - "For O(state=ready) when the server did not answer within O(timeout_s), or another process answers its
-      port: whether the server process still ran when the call gave up (true: it may still come up). Absent on
-      success and when the server exited (then RV(rc) and RV(log_tail) say how)."
-  returned: failure of state=ready with the server still running
+    - "For O(state=ready) that gave up because O(timeout_s) passed since the server's start: whether the server
+      process still ran then (true: it may still come up, e.g. a slow model load). Absent on success and on
+      every other failure (the server exited: RV(rc) and RV(log_tail) say how; another process on the port;
+      a socket this user cannot attribute)."
+  returned: failure of state=ready by timeout
   type: bool
   sample: true
 lock_renewed:
@@ -700,7 +702,6 @@ def ready_result(result, waiter, pid, elapsed, extra):
 
 def fail_not_ready(module, p, result, waiter, pid, state, extra):
     """fail_json for the Waiter states ``stranger``, ``unknown_owner`` and ``timeout``."""
-    result["running"] = pid_alive(pid)
     if state == "stranger":
         result["listeners"] = extra["listeners"]
         module.fail_json(msg="port %d is answered by %s, not by the launched server (pid %d, still loading): "
@@ -710,6 +711,8 @@ def fail_not_ready(module, p, result, waiter, pid, state, extra):
         module.fail_json(msg="port %d answers, but this user cannot see whether pid %d owns the listening socket "
                          "(another user's process): run this task as root (become)" % (p["port"], pid), **result)
     tail = log_tail(p["log_file"], p["log_tail_lines"], p["log_offset"]) if p["log_file"] else ""
+    # Only here: the server may still come up (restart.yml's rollback says "still loading" from this).
+    result["running"] = pid_alive(pid)
     module.fail_json(msg="the server (pid %d, still running) did not answer %s within %.0f s of starting (last: %s). "
                      "The model may still be loading: raise sglang_launch_ready_timeout_s, or read the log "
                      "%s.\nLast lines of this launch's log:\n%s" % (pid, waiter.what, p["timeout_s"], waiter.last,

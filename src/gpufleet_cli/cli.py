@@ -224,8 +224,10 @@ def _why_lines(report):
     lines = ["run refused: %s" % err for err in report["run_errors"]]
     notes = {}
     for host in sorted(report["hosts"]) if report["command"] == "restart" else []:
-        advice = report["hosts"][host].get("advice")
-        if advice and host not in report["failed_hosts"]:
+        row = report["hosts"][host]
+        advice = row.get("advice")
+        # only the notes of rows that went well; a not_started row's advice belongs to the failed host's line
+        if advice and row.get("result") in ("ok", "check") and host not in report["failed_hosts"]:
             notes.setdefault(advice, []).append(host)
     lines += ["%s: %s" % (", ".join(hosts), note) for note, hosts in notes.items()]
     for host in report["failed_hosts"]:

@@ -173,6 +173,17 @@ def test_restart_report_names_the_hosts_whose_launch_was_their_first():
     assert report["exit_code"] == 0 and cli._why_lines(report) == ["gpu-01, gpu-02: " + note]
 
 
+def test_restart_report_leaves_the_advice_of_hosts_not_started_to_the_failed_hosts_line():
+    p = events.FleetProgress()
+    rows = {"gpu-01": {"result": "ok", "downtime_s": 2.5, "old_pid": 7, "new_pid": 43},
+            "gpu-02": {"result": "failed", "phase": "launch", "cause": "exited with status 1",
+                       "advice": "this host serves nothing now: fix the cause"},
+            "gpu-03": {"result": "not_started", "advice": "nothing was changed on this host: rerun once gpu-02 is fixed"}}
+    p.handle(_stats({"gpufleet_restart": rows}))
+    report = events.build_report("restart", p, "failed", 2, "/a")
+    assert cli._why_lines(report) == ["gpu-02: launch — exited with status 1 — this host serves nothing now: fix the cause"]
+
+
 def test_a_cancelled_run_marks_hosts_still_running_canceled_and_fails():
     p = events.FleetProgress()
     p.handle(ev("runner_on_start", "gpu-01", task="x", role="sglang_preflight"))

@@ -279,6 +279,8 @@ def test_ready_refuses_an_answer_from_a_listener_outside_the_servers_tree(tmp_pa
         assert rc == 1 and result["ready"] is False
         assert "port %d is answered by pid %d" % (port, os.getpid()) in result["msg"]
         assert "not by the launched server (pid %d" % started["pid"] in result["msg"]
+        # the server still runs, but it cannot come up on a taken port: not the "may still come up" of a timeout
+        assert "running" not in result
     finally:
         stray.shutdown()
         stray.server_close()
@@ -511,3 +513,22 @@ def test_recorded_keeps_the_previous_record_when_the_write_fails(tmp_path, capsy
     rc, result = run_main({"state": "recorded", "record_file": str(path), "record": {"pid": 2}}, capsys)
     assert rc == 1 and "No space left" in result["msg"] and "unchanged" in result["msg"]
     assert path.read_text() == '{"pid": 1}\n'
+
+
+def test_ready_that_cannot_attribute_the_socket_does_not_say_the_server_may_still_come_up(tmp_path, capsys,
+                                                                                        monkeypatch):
+    import http.server
+    import threading
+    stray = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    port = stray.server_address[1]
+    rc, started = _start(tmp_path, capsys, "import time;time.sleep(30)")
+    threading.Thread(target=stray.serve_forever, daemon=True).start()
+    monkeypatch.setattr(proc_mod, "tree_listens", lambda pid, port: None)  # another user's sockets: unknown
+    try:
+        rc, result = _ready(tmp_path, capsys, started, port)
+        assert rc == 1 and "run this task as root (become)" in result["msg"]
+        assert "running" not in result
+    finally:
+        stray.shutdown()
+        stray.server_close()
+        _kill_group(started["pid"])
