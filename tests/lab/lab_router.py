@@ -56,12 +56,20 @@ def healthy_workers(url):
         return []
 
 
+# sglang-router retitles its process once it runs: /proc/PID/cmdline then reads "sglang::router" (padded), no
+# longer the module it was started as. Matching only the module let stop() miss it and leave the router running.
+ROUTER_TITLE = b"sglang::router"
+
+
 def _alive_router(pid):
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as fh:
-            return ROUTER_MODULE.encode() in fh.read()
-    except OSError:
+            cmdline = fh.read()
+        with open("/proc/%d/stat" % pid, "rb") as fh:
+            state = fh.read().rsplit(b") ", 1)[1][:1]
+    except (OSError, IndexError):
         return False
+    return state not in (b"Z", b"X") and (ROUTER_MODULE.encode() in cmdline or cmdline.startswith(ROUTER_TITLE))
 
 
 def stop(lab_dir):

@@ -46,3 +46,32 @@ def test_exec_leaves_the_commands_own_arguments_alone(monkeypatch):
     assert args["argv"][-4:] == ["grep", "--lab-dir", "/y", "f"] and args["lab_dir"] == labtool.DEFAULT_LAB_DIR
     args = _parsed(monkeypatch, ["exec", "gpu-lab-01", "grep", "--lab-dir", "/y", "f"])
     assert args["argv"] == ["grep", "--lab-dir", "/y", "f"] and args["lab_dir"] == labtool.DEFAULT_LAB_DIR
+
+
+def test_the_lab_router_is_recognised_under_its_own_process_title(tmp_path):
+    """lab_router.stop() finds the router it started by pid and command line: sglang-router retitles itself
+    "sglang::router", which the module-name match missed (a CI run left a router running)."""
+    import json
+    import time
+    import lab_router
+    code = ("import setproctitle, time; setproctitle.setproctitle('sglang::router'); print('up', flush=True); "
+            "time.sleep(60)")
+    titled = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert titled.stdout.readline().strip() == b"up"
+        assert lab_router._alive_router(titled.pid)
+        assert not lab_router._alive_router(plain.pid)
+        # stop() by the recorded pid ends it
+        with open(lab_router._record(str(tmp_path)), "w") as fh:
+            json.dump({"pid": titled.pid}, fh)
+        assert lab_router.stop(str(tmp_path)) is True
+        deadline = time.time() + 10
+        while titled.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert titled.returncode is not None
+    finally:
+        for proc in (titled, plain):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
