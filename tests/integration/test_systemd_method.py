@@ -126,7 +126,7 @@ def test_crash_on_start_rolls_back_through_systemd_with_journal_lines_and_no_res
     assert runner.status == "failed"
     assert "Journal of sglang.service" in out, out[-4000:]
     new_pid = main_pid(lab, host)
-    assert new_pid not in (0, old_pid)
+    assert new_pid not in (0, old_pid), out[-4000:]
     argv = proc_field(lab, host, new_pid, "cmdline").replace("\0", " ")
     assert "--max-running-requests" not in argv  # the previous launch came back, not the crashing one
     assert lab.wait_http(host, timeout_s=30) == 200
