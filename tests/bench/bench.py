@@ -858,7 +858,9 @@ class Bench:
                 self.lab_down()
 
 
-_EXIT_STAMP = """import sys, time
+# Loaded into a module process (a sitecustomize on PYTHONPATH): stamps sys.exit's call on stderr. Shared with
+# tests/gpu/release_trace.py.
+EXIT_STAMP = """import sys, time
 _exit = sys.exit
 def _stamped_exit(code=0):
     sys.stderr.write("T_SYS_EXIT %.6f\\n" % time.time())
@@ -875,11 +877,11 @@ def module_exit_costs(n, module="nvidia_gpu_wait"):
     without nvidia-smi the wait fails at once: fail_json's exit is the same sys.exit path."""
     stamps = tempfile.mkdtemp(prefix="gpufleet-bench-exit-")
     with open(os.path.join(stamps, "sitecustomize.py"), "w") as fh:
-        fh.write(_EXIT_STAMP)
+        fh.write(EXIT_STAMP)
     off = os.path.join(stamps, "nofreeze")
     os.mkdir(off)
     with open(os.path.join(off, "sitecustomize.py"), "w") as fh:
-        fh.write(_EXIT_STAMP + "import gc\ngc.freeze = lambda: None\n")
+        fh.write(EXIT_STAMP + "import gc\ngc.freeze = lambda: None\n")
     args = os.path.join(stamps, "args.json")
     with open(args, "w") as fh:
         json.dump({"ANSIBLE_MODULE_ARGS": {"max_used_mib": 1024, "timeout_s": 1, "backend": "nvidia-smi"}}, fh)

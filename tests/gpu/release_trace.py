@@ -34,6 +34,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "bench"))
+import bench  # noqa: E402  (stdlib only: the sys.exit stamp)
 LIMIT_MIB = 1024
 
 
@@ -106,15 +108,10 @@ def rep_traced(G, gib, poll_ms):
             "log_tail": [e for e in st.log if e["t"] >= (box.get("t_kill") or 0) - 0.05]}
 
 
-# Loaded into the module process (PYTHONPATH): stamps sys.exit's call and the last atexit handler, on stderr, so the
-# module's end splits into result/exit_json, atexit handlers, and the interpreter's finalization.
-_STAMPS = """import atexit, sys, time
-_exit = sys.exit
-def _stamped_exit(code=0):
-    sys.stderr.write("T_SYS_EXIT %.6f\\n" % time.time())
-    sys.stderr.flush()
-    _exit(code)
-sys.exit = _stamped_exit
+# Loaded into the module process (PYTHONPATH): stamps sys.exit's call (bench.py's EXIT_STAMP) and the last atexit
+# handler, on stderr, so the module's end splits into result/exit_json, atexit handlers, and the interpreter's
+# finalization.
+_STAMPS = bench.EXIT_STAMP + """import atexit
 atexit.register(lambda: (sys.stderr.write("T_ATEXIT_DONE %.6f\\n" % time.time()), sys.stderr.flush()))
 """
 
