@@ -467,15 +467,42 @@ def await_exit_file(exit_file, pid, timeout_s=2.0, poll_s=0.05):
         time.sleep(poll_s)
 
 
+UNIT_PROPS = ("MainPID", "ExecMainPID", "ExecMainStatus", "ExecMainCode", "ExecMainStartTimestampMonotonic",
+              "ExecMainExitTimestampMonotonic", "ActiveState")
+
+
 def unit_show(run_command, unit):
-    """``systemctl show`` MainPID, ExecMainStatus, ExecMainCode, ActiveState of ``unit`` as a dict of str."""
-    rc, out, _ = run_command(["systemctl", "show", "-p", "MainPID", "-p", "ExecMainStatus", "-p", "ExecMainCode",
-                              "-p", "ActiveState", unit], environ_update={"LC_ALL": "C"})
+    """``systemctl show`` of ``unit``'s UNIT_PROPS as a dict of str (timestamps in µs of CLOCK_MONOTONIC)."""
+    argv = ["systemctl", "show"]
+    for name in UNIT_PROPS:
+        argv += ["-p", name]
+    rc, out, _ = run_command(argv + [unit], environ_update={"LC_ALL": "C"})
     props = {}
     for line in out.splitlines():
         key, _, value = line.partition("=")
         props[key] = value
     return props
+
+
+def unit_exit(props, dead_pid):
+    """How ``dead_pid``, the unit's main process, ended, from unit_show() ``props``: a dict with ``rc`` (exit status,
+    -signal for a kill or core dump, None when not known), ``elapsed_s`` (its run time, s, or None) and ``note``.
+
+    systemd keeps ExecMainStatus/ExecMainCode of the last main process only (ExecMainPID): after Restart= ran the
+    unit again they describe a later process, so they count only while ExecMainPID is ``dead_pid``.
+    """
+    exec_pid = int(props.get("ExecMainPID") or 0)
+    if exec_pid != dead_pid:
+        return {"rc": None, "elapsed_s": None,
+                "note": ("systemd has run the unit again since, as pid %d (Restart= after a crash)" % exec_pid)
+                if exec_pid > 0 else ""}
+    status = props.get("ExecMainStatus", "")
+    rc = int(status) if status.lstrip("-").isdigit() else None
+    if rc is not None and props.get("ExecMainCode") in ("2", "3"):  # CLD_KILLED, CLD_DUMPED: status is the signal
+        rc = -rc
+    start, end = (int(props.get(name) or 0) for name in ("ExecMainStartTimestampMonotonic",
+                                                          "ExecMainExitTimestampMonotonic"))
+    return {"rc": rc, "elapsed_s": (end - start) / 1e6 if start > 0 and end >= start else None, "note": ""}
 
 
 def tree_listens(pid, port):
@@ -580,23 +607,32 @@ class Waiter(object):
             ("; log: '%s'" % line) if line else "")
 
     def died(self, elapsed_s):
-        """(msg, extra result) for a server that is gone."""
-        rc = self.exit_code_of(self.pid)
+        """(msg, extra result) for a server that is gone; ``elapsed_s`` None: it was gone at the first look.
+
+        ``exit_code_of(pid)`` gives a dict: ``rc`` (exit status, -signal, None when not known), optionally
+        ``elapsed_s`` (its run time, s) and ``note`` (text after the status).
+        """
+        info = self.exit_code_of(self.pid)
+        rc = info.get("rc")
         record = read_exit_record(self.p["exit_file"], self.pid) if self.p["exit_file"] else None
         if record and record.get("started_at") and record.get("ended_at"):
             elapsed_s = record["ended_at"] - record["started_at"]  # it may have died before this call began
+        elif info.get("elapsed_s") is not None:
+            elapsed_s = info["elapsed_s"]
+        when = (" %.1f s after it started" % elapsed_s) if elapsed_s is not None else ""
         tail = log_tail(self.p["log_file"], self.p["log_tail_lines"], self.p["log_offset"]) if self.p["log_file"] else ""
         listeners = [item for item in port_listeners(self.p["port"], self.p["host"]) if item["pid"] != self.pid]
         holder = (" Port %d is held by %s: that is why it could not serve (SGLang exits on EADDRINUSE)."
                   % (self.p["port"], describe_listeners(listeners))) if listeners else ""
         status = ("with status %d" % rc) if rc is not None and rc >= 0 else (
-            "killed by signal %d" % -rc if rc is not None else "(exit status unknown)")
+            "killed by signal %d" % -rc if rc is not None else "(exit status unknown%s)" % (
+                ": " + info["note"] if info.get("note") else ""))
         # The first line stands alone (callers quote only it: the launch role's failure, restart.yml's summary
         # row), so it carries the log's last line; the lines after it are for a person reading the whole message.
         last = last_log_line(self.p["log_file"], self.p["log_offset"], width=160) if self.p["log_file"] else ""
         ends = (" Its log ends: '%s'." % last) if last else (" Its log is empty." if self.p["log_file"] else "")
-        msg = ("the server (pid %d) exited %s %.1f s after it started, before %s answered.%s%s\nLast lines of this "
-               "launch's log:\n%s\nFull log: %s" % (self.pid, status, elapsed_s, self.what, holder, ends,
+        msg = ("the server (pid %d) exited %s%s, before %s answered.%s%s\nLast lines of this "
+               "launch's log:\n%s\nFull log: %s" % (self.pid, status, when, self.what, holder, ends,
                                                    tail or "(empty)", self.p["log_file"] or "-"))
         return msg, dict(rc=rc, log_tail=tail, listeners=listeners)
 
@@ -604,7 +640,7 @@ class Waiter(object):
         """Returns (state, elapsed_s, extra): state in ready, waiting, died, stranger, timeout."""
         created = process_start_epoch(self.pid)
         if created is None:
-            return "died", 0.0, {}
+            return "died", None, {}
         p = self.p
         slice_end = self.monotonic() + max(p["slice_s"], 0)
         interval = max(p["poll_interval_ms"], 10) / 1000.0
@@ -669,10 +705,8 @@ def run_ready(module, p, result):
 
     def exit_code_of(dead_pid):
         if p["unit"]:
-            props = unit_show(module.run_command, p["unit"])
-            status = props.get("ExecMainStatus", "")
-            return int(status) if status.lstrip("-").isdigit() else None
-        return await_exit_file(exit_file, dead_pid) if exit_file else None
+            return unit_exit(unit_show(module.run_command, p["unit"]), dead_pid)
+        return {"rc": await_exit_file(exit_file, dead_pid) if exit_file else None}
 
     result.update(pid=pid, ready=False, ready_epoch=None, ready_wait_ms=None, lock_renewed=None)
     try:
@@ -681,6 +715,10 @@ def run_ready(module, p, result):
         module.fail_json(msg="stopped waiting for the server (pid %d, left running): %s" % (pid, exc), **result)
     waiter = Waiter(p, pid, exit_code_of)
     state, elapsed, extra = waiter.run()
+    if elapsed is None:  # gone before the first look
+        msg, more = waiter.died(None)
+        result.update(more, elapsed_s=None, last=waiter.last)
+        module.fail_json(msg=msg, **result)
     result.update(elapsed_s=round(elapsed, 1), last=waiter.last, progress=waiter.progress(elapsed))
     if state == "ready":
         ready_result(result, waiter, pid, elapsed, extra)
@@ -784,9 +822,9 @@ def run_started(module, p, result):
         # 100 ms: the caller skips its own readiness wait when this one saw the server serve.
         params = dict(p, log_offset=offset, slice_s=max(p["startup_check_s"], 0),
                       poll_interval_ms=min(p["poll_interval_ms"], 100))
-        waiter = Waiter(params, pid, lambda dead: await_exit_file(p["exit_file"], dead))
+        waiter = Waiter(params, pid, lambda dead: {"rc": await_exit_file(p["exit_file"], dead)})
         state, elapsed, extra = waiter.run()
-        result.update(elapsed_s=round(elapsed, 1), last=waiter.last)
+        result.update(elapsed_s=None if elapsed is None else round(elapsed, 1), last=waiter.last)
         if state == "died":
             died()
         if state == "ready":

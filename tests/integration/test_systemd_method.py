@@ -137,6 +137,36 @@ def test_crash_on_start_rolls_back_through_systemd_with_journal_lines_and_no_res
     assert main_pid(lab, host) == new_pid
 
 
+def test_a_crash_loop_through_restart_sec_0_is_ended_by_the_rollback_and_the_message_invents_no_exit_status(
+        systemd_lab):
+    # RestartSec=0 and a fast crash: systemd runs the crashing configuration again and again while the launch
+    # waits, toward StartLimitBurst= (after which it refuses starts until reset-failed, which the rollback runs).
+    # The launched pid is gone and its unit already runs another process when the wait looks: the message said
+    # "exited with status 0 0.0 s after it started" (the later process's ExecMainStatus).
+    lab = systemd_lab
+    host = lab.hosts[0]
+    old_pid = ensure_serving(lab, host)
+    args = dict(lab.host_vars(host)["sglang_launch_args"], **{"max-running-requests": 78})
+    lab.fault(host, crash_with_arg="78", slow_load_s=0.1)
+    try:
+        runner = restart(lab, limit=host, sglang_launch_args=args, sglang_launch_systemd_restart_sec=0)
+    finally:
+        lab.clear_faults(host)
+    out = stdout_of(runner)
+    assert runner.status == "failed"
+    journal = lab.exec(host, ["journalctl", "-u", "sglang", "--no-pager", "-o", "cat"]).stdout
+    assert "Scheduled restart job" in journal, journal[-3000:]  # the crash loop happened
+    new_pid = main_pid(lab, host)
+    assert new_pid not in (0, old_pid), out[-6000:]
+    argv = proc_field(lab, host, new_pid, "cmdline").replace("\0", " ")
+    assert "--max-running-requests" not in argv
+    assert lab.wait_http(host, timeout_s=30) == 200
+    [row] = [line for line in out.split("GPUFLEET SUMMARY", 1)[1].splitlines() if line.startswith(host + ": ")]
+    assert "rolled_back in launch" in row and "exited with status 0" not in row and " 0.0 s after" not in row, row
+    # The relaunched previous unit has the previous RestartSec= back, not the crashing run's 0.
+    assert lab.unit_props(host, "RestartUSec")["RestartUSec"] != "0"
+
+
 def test_orphaned_worker_is_taken_by_the_units_cgroup(systemd_lab):
     lab = systemd_lab
     host = lab.hosts[-1]

@@ -331,6 +331,43 @@ def test_unit_show_parses_systemctl_properties():
     assert props["MainPID"] == "4242" and props["ExecMainStatus"] == "1" and calls[0][-1] == "sglang.service"
 
 
+def test_unit_exit_counts_the_units_exit_status_only_for_the_pid_that_died():
+    props = {"ExecMainPID": "466", "ExecMainStatus": "1", "ExecMainCode": "1",
+             "ExecMainStartTimestampMonotonic": "5000000", "ExecMainExitTimestampMonotonic": "7250000"}
+    assert proc_mod.unit_exit(props, 466) == {"rc": 1, "elapsed_s": 2.25, "note": ""}
+    # CLD_KILLED: ExecMainStatus is the signal, not an exit status
+    assert proc_mod.unit_exit(dict(props, ExecMainStatus="9", ExecMainCode="2"), 466)["rc"] == -9
+    # Restart= ran the unit again: the status (0, the new process still runs) belongs to pid 512, not to 466
+    later = dict(props, ExecMainPID="512", ExecMainStatus="0", ExecMainCode="0", ExecMainExitTimestampMonotonic="0")
+    assert proc_mod.unit_exit(later, 466) == {
+        "rc": None, "elapsed_s": None,
+        "note": "systemd has run the unit again since, as pid 512 (Restart= after a crash)"}
+
+
+def test_ready_on_a_unit_whose_crashed_server_was_already_restarted_does_not_make_up_a_status(tmp_path, capsys,
+                                                                                              monkeypatch):
+    # Seen in the systemd lab with RestartSec=0: the launched pid was gone before the first look and systemd had
+    # started the unit again; the message said "exited with status 0 0.0 s after it started".
+    import subprocess
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (tmp_path / "s.log").write_text("RuntimeError: scheduler failed while loading the model\n")
+    monkeypatch.setattr(proc_mod, "unit_show", lambda run, unit: {
+        "MainPID": "0", "ExecMainPID": str(gone.pid + 100000), "ExecMainStatus": "0", "ExecMainCode": "0",
+        "ActiveState": "activating"})
+    port = _free_port()
+    rc, result = run_main({"state": "ready", "pid": gone.pid, "unit": "sglang.service", "port": port,
+                           "url": "http://127.0.0.1:%d/health_generate" % port,
+                           "log_file": str(tmp_path / "s.log"), "timeout_s": 5, "slice_s": 1}, capsys)
+    first = result["msg"].splitlines()[0]
+    assert rc == 1 and result["failed"] and result["elapsed_s"] is None
+    assert first.startswith("the server (pid %d) exited (exit status unknown: systemd has run the unit again "
+                            "since, as pid %d (Restart= after a crash)), before /health_generate" % (
+                                gone.pid, gone.pid + 100000)), first
+    assert "status 0" not in first and "0.0 s" not in first
+    assert "scheduler failed while loading the model" in first
+
+
 def test_addresses_overlap_with_wildcards_and_mapped_ipv4():
     assert spawn.addresses_overlap("127.0.0.1", "0.0.0.0")
     assert spawn.addresses_overlap("0.0.0.0", "10.0.0.5")
