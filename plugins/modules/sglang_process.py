@@ -317,7 +317,11 @@ progress:
   returned: state is ready
   type: str
 elapsed_s:
-  description: Seconds since the server's process was created (target clock).
+  description:
+    - Seconds since the server's process was created (target clock); for a server that died, how long it ran
+      (from its exit record, or the unit's ExecMainStartTimestamp/ExecMainExitTimestamp).
+    - Null when the server was already gone at the wait's first look and its run time is not known (for a
+      unit, systemd keeps the status of its last main process only, which after Restart= is another process).
   returned: state is ready
   type: float
 ready_wait_ms:
