@@ -638,7 +638,8 @@ class Waiter(object):
         msg = ("the server (pid %d) exited %s%s, before %s answered.%s%s\nLast lines of this "
                "launch's log:\n%s\nFull log: %s" % (self.pid, status, when, self.what, holder, ends,
                                                    tail or "(empty)", self.p["log_file"] or "-"))
-        return msg, dict(rc=rc, log_tail=tail, listeners=listeners)
+        return msg, dict(rc=rc, log_tail=tail, listeners=listeners,
+                         elapsed_s=None if elapsed_s is None else round(elapsed_s, 1))
 
     def run(self):
         """Returns (state, elapsed_s, extra): state in ready, waiting, died, stranger, timeout."""
@@ -721,7 +722,7 @@ def run_ready(module, p, result):
     state, elapsed, extra = waiter.run()
     if elapsed is None:  # gone before the first look
         msg, more = waiter.died(None)
-        result.update(more, elapsed_s=None, last=waiter.last)
+        result.update(more, last=waiter.last)
         module.fail_json(msg=msg, **result)
     result.update(elapsed_s=round(elapsed, 1), last=waiter.last, progress=waiter.progress(elapsed))
     if state == "ready":

@@ -223,6 +223,7 @@ def test_ready_fails_at_once_with_exit_code_and_only_this_launchs_log(tmp_path, 
     assert rc == 1 and result["rc"] == 3 and time.monotonic() - t0 < 5
     lived = float(result["msg"].split("exited with status 3 ", 1)[1].split(" s after", 1)[0])
     assert 0.4 <= lived < 5, result["msg"]
+    assert result["elapsed_s"] == lived  # how long it ran, as the message says
     assert "exited with status 3" in result["msg"] and "within" not in result["msg"]
     assert "running" not in result
     assert "scheduler failed while loading" in result["log_tail"]
