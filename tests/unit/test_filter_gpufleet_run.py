@@ -60,6 +60,33 @@ def test_good_values_pass():
                                       "sglang_verify_throughput": "yes", "target": "gpu_hosts:!gpu-07"}) == []
 
 
+@pytest.mark.parametrize("name,value,word", [
+    # -e sglang_launch_ready_timeout_s=-1 passed every check, the launch gave up after its first probe (the
+    # server was still loading), and the rollback's relaunch did the same: a serving host down from a typo.
+    ("sglang_launch_ready_timeout_s", "-1", "sglang_launch_ready_timeout_s='-1' is out of range (1 or more)"),
+    ("sglang_launch_ready_timeout_s", "0", "sglang_launch_ready_timeout_s='0' is out of range (1 or more)"),
+    # 'abc' was found only by the launch role's argument spec, after the stop; the rollback's wait failed on it
+    # too and the summary said "serves nothing" while the relaunched server served.
+    ("sglang_launch_ready_timeout_s", "abc", "sglang_launch_ready_timeout_s='abc' is not a whole number"),
+    ("sglang_launch_ready_timeout_s", "1.5", "sglang_launch_ready_timeout_s='1.5' is not a whole number"),
+    ("gpu_memory_wait_timeout_s", "0", "gpu_memory_wait_timeout_s='0' is out of range (more than 0)"),
+    ("gpu_memory_wait_timeout_s", "soon", "gpu_memory_wait_timeout_s='soon' is not a number"),
+    ("sglang_stop_grace_s", "-2", "sglang_stop_grace_s='-2' is out of range (0 or more)"),
+    ("sglang_launch_ready_slice_s", "nan", "sglang_launch_ready_slice_s='nan' is out of range (more than 0)"),
+    ("gpufleet_router_ready_timeout_s", True, "gpufleet_router_ready_timeout_s=True is not a number"),
+])
+def test_restart_timeouts_are_checked_before_any_host_is_touched(name, value, word):
+    [message] = run.gpufleet_guard_errors({name: value})
+    assert word in message and "leave it empty for the role's default" in message, message
+
+
+def test_good_restart_timeouts_pass():
+    assert run.gpufleet_guard_errors({"sglang_launch_ready_timeout_s": "900", "gpu_memory_wait_timeout_s": "1.5",
+                                      "sglang_stop_grace_s": 0, "gpu_memory_wait_max_used_mib": 0,
+                                      "sglang_launch_ready_slice_s": 10, "gpufleet_router_drain_timeout_s": "",
+                                      "sglang_verify_request_timeout_s": None}) == []
+
+
 def test_guard_report_names_hosts_only_when_not_all_are_concerned():
     hostvars = {"h1": {"sglang_port": "x"}, "h2": {"sglang_port": "x"}, "h3": {"sglang_port": 30000}}
     assert run.gpufleet_guard_report(hostvars, ["h1", "h2"]) == [run.gpufleet_guard_errors({"sglang_port": "x"})[0]]
