@@ -348,7 +348,8 @@ def gpufleet_restart_row(facts):
     sent SIGTERM to the server, when the new server was first seen ready; when both are set the downtime is
     measured between them, free of controller task overhead and clock skew); ``stop_old_pid``; ``stop_signalled``
     (number of processes the stop signalled);
-    ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s).
+    ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s); ``router_out_of_pool``
+    (the router's URL when the run took the host out of its pool and did not put it back, else null).
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
     ``advice`` (what to do next; on a row that is ok, only a note: "first launch: ..." when no server ran before
@@ -428,6 +429,12 @@ def gpufleet_restart_row(facts):
         else:
             row["advice"] = ("this host serves nothing now: fix the cause, then %s (playbooks/check.yml shows "
                              "its state)" % rerun)
+        if f.get("router_out_of_pool"):
+            # Nothing else puts it back: check.yml does not look at the router, and the server coming up later
+            # (relaunched_loading) does not either.
+            row["advice"] += ("; the host is out of the pool of the router %s until a restart.yml run for it "
+                              "succeeds (or add http://<host>:<port> back with the router's POST /workers)"
+                              % f["router_out_of_pool"])
         if first_launch:
             row["advice"] = "first launch (no server ran before this run): " + row["advice"]
     elif first_launch:

@@ -169,6 +169,17 @@ def test_a_relaunch_still_loading_is_not_called_a_host_that_serves_nothing():
     assert "check.yml -e target=h1" in row["advice"] and "restart.yml -e target=h1" in row["advice"]
 
 
+def test_a_host_left_out_of_the_router_pool_says_so_in_its_advice():
+    # Behind a router, a relaunched_loading host stays out of the pool even once its server serves; check.yml
+    # does not look at the router, so the summary's note is the operator's only hint.
+    facts = dict(BASE, failed_phase="launch", failed_cause="did not answer within 5 s",
+                 rollback={"state": "relaunched_loading", "pid": 948, "detail": "relaunched as pid 948"})
+    row = run.gpufleet_restart_row(dict(facts, router_out_of_pool="http://10.0.0.254:38000"))
+    assert "out of the pool of the router http://10.0.0.254:38000" in row["advice"], row["advice"]
+    assert "relaunched (pid 948) and still loads" in row["advice"]
+    assert "pool" not in run.gpufleet_restart_row(dict(facts, router_out_of_pool=None))["advice"]
+
+
 def test_failure_before_the_stop_says_the_old_server_still_serves():
     row = run.gpufleet_restart_row({"host": "h1", "failed_phase": "stop", "failed_msg": "boom",
                                     "rollback": {"state": "not_needed", "detail": "x"}})
