@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import math
+import time
 
 SEVERITY_RANK = {"OK": 0, "WARN": 1, "CRIT": 2}
 
@@ -236,10 +237,24 @@ def sglang_reasons(s, config=None):
         summary["serving"] = status == 200
         summary["health_status"] = status
         if status != 200:
-            reasons.append(_reason("CRIT", "sglang_not_serving", "no generation from %s (%s %s): restart with "
-                                   "playbooks/restart.yml" % (health.get("url") or "/health_generate", status,
-                                                              str(health.get("msg") or "")[:120]
-                                                              if status != 503 else "warming up or draining")))
+            seen = "no generation from %s (%s %s)" % (health.get("url") or "/health_generate", status,
+                                                      str(health.get("msg") or "")[:120]
+                                                      if status != 503 else "warming up or draining")
+            if running:
+                # The managed server's process runs but does not answer: most often a model still loading (a
+                # slow start, or restart.yml's rollback left it relaunched_loading). "Restart" would kill that load.
+                started_result = s.get("started")
+                started = None
+                if _ran(started_result) and not started_result.get("failed") and not started_result.get("rc"):
+                    started = _num(str(started_result.get("stdout") or "").strip())
+                when = (" since %s UTC (host clock)" % time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))
+                        if started is not None else "")
+                text = ("%s; the server (pid %s) runs%s: it may still be loading, run playbooks/check.yml again "
+                        "to see when it serves; if it never does, read its log, then restart with "
+                        "playbooks/restart.yml" % (seen, host.get("managed_pid"), when))
+            else:
+                text = "%s: restart with playbooks/restart.yml" % seen
+            reasons.append(_reason("CRIT", "sglang_not_serving", text))
     info = s.get("server_info")
     info_json = info.get("json") if _ran(info) and isinstance(info.get("json"), dict) else None
     installed = None

@@ -153,6 +153,46 @@ def _int_error(name, value, low, high, hint):
     return ""
 
 
+def _positive_error(name, value, whole, low, hint):
+    """Why ``value`` is not a number (a whole one when ``whole``) of at least ``low`` ('' when it is)."""
+    if whole:
+        return _int_error(name, value, low, None, hint)
+    if isinstance(value, bool):
+        return "%s=%s is not a number; %s" % (name, _show(value), hint)
+    try:
+        number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
+    except ValueError:
+        return "%s=%s is not a number; %s" % (name, _show(value), hint)
+    if number != number or number < low or (low == 0 and number <= 0 and name not in _MAY_BE_ZERO):
+        return "%s=%s is out of range (%s); %s" % (
+            name, _show(value), "0 or more" if name in _MAY_BE_ZERO else "more than 0", hint)
+    return ""
+
+
+# The restart's timeouts, slices and poll intervals: the roles' argument specs validate them only when the role
+# runs, which for the launch, wait and verify roles is after the old server was stopped, and a negative or zero
+# timeout passes those specs and gives up at once (-e sglang_launch_ready_timeout_s=-1 took a serving host down:
+# the launch and the rollback's relaunch both "timed out" after their first probe). name -> (whole number, least).
+_TUNABLES = {
+    "sglang_launch_ready_timeout_s": (True, 1),
+    "sglang_launch_ready_slice_s": (False, 0),
+    "sglang_launch_ready_poll_interval_ms": (True, 1),
+    "sglang_stop_grace_s": (False, 0),
+    "sglang_stop_slice_s": (False, 0),
+    "sglang_stop_kill_timeout_s": (False, 0),
+    "sglang_stop_poll_interval_ms": (True, 1),
+    "gpu_memory_wait_timeout_s": (False, 0),
+    "gpu_memory_wait_slice_s": (False, 0),
+    "gpu_memory_wait_poll_interval_ms": (True, 1),
+    "gpu_memory_wait_max_used_mib": (True, 0),
+    "sglang_verify_request_timeout_s": (True, 1),
+    "gpufleet_router_drain_timeout_s": (False, 0),
+    "gpufleet_router_ready_timeout_s": (False, 0),
+}
+# Of those, the ones 0 is a meaning for (no grace: SIGKILL at once).
+_MAY_BE_ZERO = ("sglang_stop_grace_s",)
+
+
 def gpufleet_guard_errors(values, host=None):
     """Type errors of the survey variables in ``values`` (mapping variable name → value, e.g. a host's
     ``hostvars[host]``), each naming the
@@ -162,7 +202,8 @@ def gpufleet_guard_errors(values, host=None):
     :func:`gpufleet_max_unavailable_error`), ``sglang_port`` (whole number 1-65535),
     ``gpufleet_lock_lease_s`` and the deprecated ``gpufleet_lock_stale_s`` (whole number of seconds ≥ 1),
     ``sglang_verify_throughput`` (a boolean or yes/no/true/false/on/off/1/0), ``target`` (a string: a host,
-    group or pattern). ``host`` (str) prefixes each message when given.
+    group or pattern), and the restart's timeouts, slices and poll intervals (``_TUNABLES``: a number, whole
+    where the role wants an int, above 0 or at least 1; checked here because their roles run after the stop). ``host`` (str) prefixes each message when given.
     """
     # .get only: ``values`` may be a host's hostvars, whose other entries are templated only when read.
     values = values if values is not None else {}
@@ -183,6 +224,17 @@ def gpufleet_guard_errors(values, host=None):
         lease = values.get(name)
         if not gpufleet_unset(lease):
             problem = _int_error(name, lease, 1, None, "give seconds (e.g. 300), or leave it empty for the default")
+            if problem:
+                errors.append(problem)
+    for name, (whole, low) in _TUNABLES.items():
+        value = values.get(name)
+        if not gpufleet_unset(value):
+            problem = _positive_error(name, value, whole, low,
+                                      "give %s, or leave it empty for the role's default"
+                                      % ("a whole number of %s" % ("MiB" if name.endswith("_mib") else
+                                                                    "ms" if name.endswith("_ms") else "seconds")
+                                         + (" (%d or more)" % low) if whole else
+                                         "seconds (0 or more)" if name in _MAY_BE_ZERO else "seconds (more than 0)"))
             if problem:
                 errors.append(problem)
     throughput = values.get("sglang_verify_throughput")
@@ -296,7 +348,8 @@ def gpufleet_restart_row(facts):
     sent SIGTERM to the server, when the new server was first seen ready; when both are set the downtime is
     measured between them, free of controller task overhead and clock skew); ``stop_old_pid``; ``stop_signalled``
     (number of processes the stop signalled);
-    ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s).
+    ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s); ``router_out_of_pool``
+    (the router's URL when the run took the host out of its pool and did not put it back, else null).
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
     ``advice`` (what to do next; on a row that is ok, only a note: "first launch: ..." when no server ran before
@@ -376,6 +429,12 @@ def gpufleet_restart_row(facts):
         else:
             row["advice"] = ("this host serves nothing now: fix the cause, then %s (playbooks/check.yml shows "
                              "its state)" % rerun)
+        if f.get("router_out_of_pool"):
+            # Nothing else puts it back: check.yml does not look at the router, and the server coming up later
+            # (relaunched_loading) does not either.
+            row["advice"] += ("; the host is out of the pool of the router %s until a restart.yml run for it "
+                              "succeeds (or add http://<host>:<port> back with the router's POST /workers)"
+                              % f["router_out_of_pool"])
         if first_launch:
             row["advice"] = "first launch (no server ran before this run): " + row["advice"]
     elif first_launch:

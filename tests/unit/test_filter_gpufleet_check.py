@@ -257,3 +257,23 @@ def test_table_lists_each_host_with_short_reasons_and_counts():
     assert lines[1].split() == ["gpu-01", "OK", "8/8", "-"]
     assert lines[2].split()[:5] == ["gpu-02", "WARN", "7/8", "WARN", "throttle"]
     assert lines[-1] == "2 host(s): 1 OK, 1 WARN, 0 CRIT"
+
+
+def test_a_running_server_that_does_not_answer_yet_is_not_told_to_restart_at_once():
+    # restart.yml's rollback can leave the previous server relaunched and still loading (relaunched_loading) and
+    # sends the operator here "to see when it serves"; the reason used to say only "restart with
+    # playbooks/restart.yml", which would kill that load.
+    g = healthy()
+    g["health"] = {"status": -1, "url": "http://10.0.0.1:30000/health_generate", "msg": "Connection refused"}
+    g["server_info"] = {"skipped": True}
+    g["host"] = {"managed_pid": 404, "managed_running": True}
+    g["started"] = {"stdout": "1796223685.525", "rc": 0}
+    [reason] = [x for x in verdict(g)["reasons"] if x["code"] == "sglang_not_serving"]
+    assert reason["severity"] == "CRIT"
+    assert "the server (pid 404) runs since 2026-12-02 15:01:25 UTC (host clock)" in reason["text"], reason["text"]
+    assert "may still be loading" in reason["text"] and "check.yml again" in reason["text"]
+    # No server process: nothing is loading, restarting is the advice.
+    g["host"] = {"managed_pid": None, "managed_running": False}
+    g["started"] = {"skipped": True}
+    [reason] = [x for x in verdict(g)["reasons"] if x["code"] == "sglang_not_serving"]
+    assert reason["text"].endswith(": restart with playbooks/restart.yml") and "loading" not in reason["text"]

@@ -60,6 +60,33 @@ def test_good_values_pass():
                                       "sglang_verify_throughput": "yes", "target": "gpu_hosts:!gpu-07"}) == []
 
 
+@pytest.mark.parametrize("name,value,word", [
+    # -e sglang_launch_ready_timeout_s=-1 passed every check, the launch gave up after its first probe (the
+    # server was still loading), and the rollback's relaunch did the same: a serving host down from a typo.
+    ("sglang_launch_ready_timeout_s", "-1", "sglang_launch_ready_timeout_s='-1' is out of range (1 or more)"),
+    ("sglang_launch_ready_timeout_s", "0", "sglang_launch_ready_timeout_s='0' is out of range (1 or more)"),
+    # 'abc' was found only by the launch role's argument spec, after the stop; the rollback's wait failed on it
+    # too and the summary said "serves nothing" while the relaunched server served.
+    ("sglang_launch_ready_timeout_s", "abc", "sglang_launch_ready_timeout_s='abc' is not a whole number"),
+    ("sglang_launch_ready_timeout_s", "1.5", "sglang_launch_ready_timeout_s='1.5' is not a whole number"),
+    ("gpu_memory_wait_timeout_s", "0", "gpu_memory_wait_timeout_s='0' is out of range (more than 0)"),
+    ("gpu_memory_wait_timeout_s", "soon", "gpu_memory_wait_timeout_s='soon' is not a number"),
+    ("sglang_stop_grace_s", "-2", "sglang_stop_grace_s='-2' is out of range (0 or more)"),
+    ("sglang_launch_ready_slice_s", "nan", "sglang_launch_ready_slice_s='nan' is out of range (more than 0)"),
+    ("gpufleet_router_ready_timeout_s", True, "gpufleet_router_ready_timeout_s=True is not a number"),
+])
+def test_restart_timeouts_are_checked_before_any_host_is_touched(name, value, word):
+    [message] = run.gpufleet_guard_errors({name: value})
+    assert word in message and "leave it empty for the role's default" in message, message
+
+
+def test_good_restart_timeouts_pass():
+    assert run.gpufleet_guard_errors({"sglang_launch_ready_timeout_s": "900", "gpu_memory_wait_timeout_s": "1.5",
+                                      "sglang_stop_grace_s": 0, "gpu_memory_wait_max_used_mib": 0,
+                                      "sglang_launch_ready_slice_s": 10, "gpufleet_router_drain_timeout_s": "",
+                                      "sglang_verify_request_timeout_s": None}) == []
+
+
 def test_guard_report_names_hosts_only_when_not_all_are_concerned():
     hostvars = {"h1": {"sglang_port": "x"}, "h2": {"sglang_port": "x"}, "h3": {"sglang_port": 30000}}
     assert run.gpufleet_guard_report(hostvars, ["h1", "h2"]) == [run.gpufleet_guard_errors({"sglang_port": "x"})[0]]
@@ -140,6 +167,17 @@ def test_a_relaunch_still_loading_is_not_called_a_host_that_serves_nothing():
     assert "serves nothing" not in row["advice"], row["advice"]
     assert "relaunched (pid 4242) and still loads" in row["advice"]
     assert "check.yml -e target=h1" in row["advice"] and "restart.yml -e target=h1" in row["advice"]
+
+
+def test_a_host_left_out_of_the_router_pool_says_so_in_its_advice():
+    # Behind a router, a relaunched_loading host stays out of the pool even once its server serves; check.yml
+    # does not look at the router, so the summary's note is the operator's only hint.
+    facts = dict(BASE, failed_phase="launch", failed_cause="did not answer within 5 s",
+                 rollback={"state": "relaunched_loading", "pid": 948, "detail": "relaunched as pid 948"})
+    row = run.gpufleet_restart_row(dict(facts, router_out_of_pool="http://10.0.0.254:38000"))
+    assert "out of the pool of the router http://10.0.0.254:38000" in row["advice"], row["advice"]
+    assert "relaunched (pid 948) and still loads" in row["advice"]
+    assert "pool" not in run.gpufleet_restart_row(dict(facts, router_out_of_pool=None))["advice"]
 
 
 def test_failure_before_the_stop_says_the_old_server_still_serves():
