@@ -189,8 +189,8 @@ _TUNABLES = {
     "gpufleet_router_drain_timeout_s": (False, 0),
     "gpufleet_router_ready_timeout_s": (False, 0),
 }
-# Of those, the ones 0 is a meaning for (no grace: SIGKILL at once).
-_MAY_BE_ZERO = ("sglang_stop_grace_s",)
+# Of those, the ones 0 is a meaning for (no grace: SIGKILL at once; no drain wait).
+_MAY_BE_ZERO = ("sglang_stop_grace_s", "gpufleet_router_drain_timeout_s")
 
 
 def gpufleet_guard_errors(values, host=None):

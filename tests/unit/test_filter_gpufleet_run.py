@@ -80,10 +80,19 @@ def test_restart_timeouts_are_checked_before_any_host_is_touched(name, value, wo
     assert word in message and "leave it empty for the role's default" in message, message
 
 
+def test_a_zero_drain_timeout_means_do_not_wait_and_passes():
+    # roles/sglang_router: "0 = do not wait" for the in-flight requests after the router dropped the host.
+    assert run.gpufleet_guard_errors({"gpufleet_router_drain_timeout_s": 0}) == []
+    assert run.gpufleet_guard_errors({"gpufleet_router_drain_timeout_s": "0"}) == []
+    [message] = run.gpufleet_guard_errors({"gpufleet_router_drain_timeout_s": -1})
+    assert "out of range (0 or more)" in message
+
+
 def test_good_restart_timeouts_pass():
     assert run.gpufleet_guard_errors({"sglang_launch_ready_timeout_s": "900", "gpu_memory_wait_timeout_s": "1.5",
                                       "sglang_stop_grace_s": 0, "gpu_memory_wait_max_used_mib": 0,
                                       "sglang_launch_ready_slice_s": 10, "gpufleet_router_drain_timeout_s": "",
+                                      "gpu_memory_wait_slice_s": 2.5, "sglang_stop_kill_timeout_s": "15",
                                       "sglang_verify_request_timeout_s": None}) == []
 
 
