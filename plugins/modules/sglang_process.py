@@ -183,12 +183,21 @@ options:
   record_file:
     description: With V(recorded), the file to write (its directory must exist). Required for V(recorded).
     type: path
+  check_mode_keep:
+    description:
+      - With V(recorded) in check mode, top-level keys of O(record) known only once the launch really ran (the
+        new server's pid, the time of the record). They keep the values of the record already in O(record_file),
+        so that C(--check --diff) shows only the launch configuration that would change (argv, environment, ...).
+      - Ignored outside check mode and when there is no readable record yet.
+    type: list
+    elements: str
+    default: []
 attributes:
   check_mode:
     support: full
     details: V(started) reports whether it would start the process and the argv and starts nothing (a listener on
       O(port) is a warning then, not a failure, because nothing was stopped); V(ready) and V(port_free) only look;
-      V(recorded) reports whether the record file would change and writes nothing.
+      V(recorded) reports whether the record file would change and writes nothing (see O(check_mode_keep)).
   diff_mode:
     support: partial
     details: V(recorded) returns the record file's text before and after; the other states return no diff.
@@ -861,7 +870,6 @@ def run_port_free(module, p, result):
 def run_recorded(module, p):
     """state=recorded: O(record) as JSON to O(record_file), atomically; changed when the text differs."""
     path = p["record_file"]
-    text = json.dumps(p["record"], indent=4, sort_keys=True) + "\n"
     try:
         with open(path) as handle:
             before = handle.read()
@@ -870,6 +878,15 @@ def run_recorded(module, p):
     except (OSError, UnicodeDecodeError) as exc:
         module.fail_json(msg="cannot read the launch record %s (%s): fix its permissions or remove it" % (path, exc),
                          record_file=path)
+    record = dict(p["record"])
+    if module.check_mode and before and p["check_mode_keep"]:
+        try:
+            old = json.loads(before)
+        except ValueError:
+            old = None
+        if isinstance(old, dict):
+            record.update((key, old[key]) for key in p["check_mode_keep"] if key in old)
+    text = json.dumps(record, indent=4, sort_keys=True) + "\n"
     result = dict(changed=before != text, record_file=path)
     if module._diff:
         result["diff"] = dict(before=before or "", after=text, before_header=path, after_header=path)
@@ -916,6 +933,7 @@ def main():
             lock_owner=dict(type="str"),
             record=dict(type="dict"),
             record_file=dict(type="path"),
+            check_mode_keep=dict(type="list", elements="str", default=[], no_log=False),
         ),
         required_together=[("lock_dir", "lock_owner")],
         required_if=[("state", "started", ["argv", "log_file", "pid_file"]),

@@ -135,10 +135,25 @@ def test_check_mode_changes_nothing(lab):
     before = ensure_serving(lab)
     engines = {h: lab.exec(h, ["sh", "-c", "md5sum %s/lib/python3*/site-packages/sglang/srt/entrypoints/engine.py"
                               % lab.host_vars(h)["sglang_python"].rsplit("/bin/", 1)[0]]).stdout for h in lab.hosts}
-    runner = lab.run_playbook(PLAYBOOK, extravars=FAST, check=True)
+    records = {h: lab.exec(h, ["md5sum", "%s/launch.json" % lab.host_vars(h)["sglang_state_dir"]]).stdout
+               for h in lab.hosts}
+    # --diff with a flag added: the launch record's diff is what the launch would change, and nothing else
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=_launch_args_expr(
+        {"enable-metrics": True})), check=True, diff=True)
     assert runner.status == "successful", stdout_of(runner)[-4000:]
+    diffs = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_process")
+             if d.get("task") == "Write the launch record"}
+    assert set(diffs) == set(lab.hosts), diffs
+    for host, res in diffs.items():
+        assert res["changed"], res
+        old, new = (json.loads(res["diff"][side]) for side in ("before", "after"))
+        assert "--enable-metrics" in new["argv"]
+        assert "--enable-metrics" not in old["argv"]
+        assert {k for k in set(old) | set(new) if old.get(k) != new.get(k)} == {"argv"}, (old, new)
     for host in lab.hosts:
         assert server_pid(lab, host) == before[host] and alive(lab, host, before[host])
+        assert lab.exec(host, ["md5sum", "%s/launch.json" % lab.host_vars(host)["sglang_state_dir"]]).stdout \
+            == records[host]
         assert lab.exec(host, ["test", "-e", "%s/restart.lock" % lab.host_vars(host)["sglang_state_dir"]]).returncode == 1
     after = {h: lab.exec(h, ["sh", "-c", "md5sum %s/lib/python3*/site-packages/sglang/srt/entrypoints/engine.py"
                              % lab.host_vars(h)["sglang_python"].rsplit("/bin/", 1)[0]]).stdout for h in lab.hosts}

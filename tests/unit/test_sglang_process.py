@@ -535,6 +535,30 @@ def test_recorded_writes_the_record_atomically_and_only_when_it_changes(tmp_path
     assert rc == 0 and result["changed"] and json.loads(path.read_text())["pid"] == 4242
 
 
+def test_recorded_in_check_mode_diffs_only_the_launch_configuration(tmp_path, capsys):
+    # restart.yml --check --diff: the would-be launch's argv against the recorded one; the pid and the time are
+    # known only after a real launch, so they keep the recorded values instead of showing as changes.
+    path = tmp_path / "launch.json"
+    old = {"format": 1, "argv": ["python3", "-m", "sglang.launch_server", "--tp-size", "8"], "pid": 4242,
+           "recorded_at": "2026-12-01T10:00:00Z"}
+    path.write_text(json.dumps(old, indent=4, sort_keys=True) + "\n")
+    same = dict(old, pid=0, recorded_at="2026-12-02T16:00:00Z")
+    args = {"state": "recorded", "record_file": str(path), "check_mode_keep": ["pid", "recorded_at"],
+            "_ansible_check_mode": True, "_ansible_diff": True}
+    rc, result = run_main(dict(args, record=same), capsys)
+    assert rc == 0 and not result["changed"], result["diff"]
+    new = dict(same, argv=old["argv"] + ["--enable-metrics"])
+    rc, result = run_main(dict(args, record=new), capsys)
+    assert rc == 0 and result["changed"]
+    after = json.loads(result["diff"]["after"])
+    assert after["argv"][-1] == "--enable-metrics" and after["pid"] == 4242
+    assert after["recorded_at"] == "2026-12-01T10:00:00Z"
+    assert json.loads(path.read_text()) == old  # nothing written
+    # Outside check mode the keys are written as given.
+    rc, result = run_main(dict(args, record=new, _ansible_check_mode=False), capsys)
+    assert rc == 0 and json.loads(path.read_text())["pid"] == 0
+
+
 def test_recorded_into_a_missing_directory_fails_and_writes_nothing(tmp_path, capsys):
     path = tmp_path / "no-such-dir" / "launch.json"
     rc, result = run_main({"state": "recorded", "record_file": str(path), "record": {"pid": 1}}, capsys)
