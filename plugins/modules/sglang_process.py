@@ -765,7 +765,8 @@ def fail_not_ready(module, p, result, waiter, pid, state, extra):
     tail = log_tail(p["log_file"], p["log_tail_lines"], p["log_offset"]) if p["log_file"] else ""
     # Only here: the server may still come up (restart.yml's rollback says "still loading" from this).
     result["running"] = pid_alive(pid)
-    module.fail_json(msg="the server (pid %d, still running) did not answer %s within %.0f s of starting (last: %s). "
+    # Past tense: by the time a summary quotes this line, the rollback may have stopped that pid.
+    module.fail_json(msg="the server (pid %d) was running but did not answer %s within %.0f s of starting (last: %s). "
                      "The model may still be loading: raise sglang_launch_ready_timeout_s, or read the log "
                      "%s.\nLast lines of this launch's log:\n%s" % (pid, waiter.what, p["timeout_s"], waiter.last,
                                                                     p["log_file"] or "-", tail or "(empty)"),

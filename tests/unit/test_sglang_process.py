@@ -309,6 +309,8 @@ def test_ready_times_out_from_the_servers_start_and_leaves_it_running(tmp_path, 
     try:
         rc, result = _ready(tmp_path, capsys, started, port, timeout_s=1, slice_s=5)
         assert rc == 1 and "did not answer /health_generate on 127.0.0.1:%d within 1 s" % port in result["msg"]
+        # past tense: a summary quotes this after the rollback may have stopped the pid
+        assert result["msg"].startswith("the server (pid %d) was running but did not answer" % started["pid"])
         assert "still loading" in result["log_tail"]
         assert proc_mod.pid_alive(started["pid"])
         # the rollback reads this to tell "still loading" from "gone"
