@@ -360,7 +360,9 @@ running:
       process still ran then (true: it may still come up, e.g. a slow model load). Absent on success and on
       every other failure (the server exited: RV(rc) and RV(log_tail) say how; another process on the port;
       a socket this user cannot attribute)."
-  returned: failure of state=ready by timeout
+    - "For a slice that ended before the server answered (RV(ready) false, no failure): true, the server runs
+      and may still come up."
+  returned: failure of state=ready by timeout; state=ready whose slice ended before an answer
   type: bool
   sample: true
 lock_renewed:
@@ -738,7 +740,7 @@ def run_ready(module, p, result):
         ready_result(result, waiter, pid, elapsed, extra)
         module.exit_json(msg=result["progress"], **result)
     if state == "waiting":
-        module.exit_json(msg=result["progress"], **result)
+        module.exit_json(msg=result["progress"], running=True, **result)
     if state == "died":
         msg, more = waiter.died(elapsed)
         result.update(more)

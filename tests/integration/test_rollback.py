@@ -327,6 +327,44 @@ def test_a_relaunch_that_outlasts_the_ready_timeout_is_reported_as_loading_not_a
 
 
 @pytest.mark.lab_only_once
+def test_a_rollback_wait_that_loses_the_lock_reports_what_the_relaunched_server_does_not_down(lab):
+    """The rollback's readiness wait stops when the restart lock disappears (an operator ran unlock.yml by hand);
+    the relaunched server still runs and comes up. The run used to report "rollback failed ... The host is not
+    serving now"; a last look at the server now says what is true: still loading, or serving."""
+    host = lab.hosts[0]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    lab.fault(host, crash_with_arg="--max-running-requests", slow_load_s=8)
+    lock = "%s/restart.lock" % state_dir(lab, host)
+    try:
+        thread, box = run_in_background(lab, limit=host,
+                                        extravars=changed_config(lab, host, {"max-running-requests": 9}))
+        # The relaunch: a server from the recorded argv (without the crashing flag) after the crash.
+        deadline, relaunched = time.time() + 120, None
+        while time.time() < deadline and relaunched is None:
+            pid = server_pid(lab, host)
+            if pid and pid != before_pid and alive(lab, host, pid) and "--max-running-requests" not in cmdline(
+                    lab, host, pid):
+                relaunched = pid
+            time.sleep(0.2)
+        assert relaunched, "no relaunch seen"
+        lab.exec(host, ["rm", "-rf", lock], check=True)
+        thread.join(180)
+        runner = box["runner"]
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] in ("relaunched_loading", "rolled_back"), rollback
+        assert int(rollback["pid"]) == relaunched
+        assert "is gone" in rollback["detail"] and lock in rollback["detail"], rollback["detail"]
+        assert "The host is not serving" not in out and "serves nothing" not in out, out[-4000:]
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+        assert server_pid(lab, host) == relaunched
+    finally:
+        lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
 def test_verify_failing_stops_the_new_server_and_rolls_back(lab):
     host = lab.hosts[1 % len(lab.hosts)]
     before_pid = ensure_serving(lab, host)

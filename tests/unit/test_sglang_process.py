@@ -205,6 +205,7 @@ def test_ready_slice_returns_progress_while_the_server_loads(tmp_path, capsys):
         t0 = time.monotonic()
         rc, result = _ready(tmp_path, capsys, started, port, slice_s=1)
         assert rc == 0 and result["ready"] is False and not result.get("failed")
+        assert result["running"] is True  # the rollback's last look reads this: it may still come up
         assert 0.8 <= time.monotonic() - t0 < 5
         assert result["progress"].startswith("waiting for /health_generate on 127.0.0.1:%d (pid %d): "
                                              % (port, started["pid"]))
