@@ -46,6 +46,8 @@ DEFAULT_CONFIG = {
     "idle_max_used_mib": 1024,
     "server_process_names": ["sglang"],
     "sglang_version": "",
+    # A running server that does not answer and started less than this long ago (s) may still be loading.
+    "loading_window_s": 900,
 }
 
 
@@ -214,6 +216,16 @@ def _server_args_drift(args_info, server_info):
     return out
 
 
+def _started_epoch(s):
+    """(the server's start, the host's time when that was read), both Unix time from the host's clock, from the
+    ``started`` command's stdout "START [NOW]"; None for what it did not give."""
+    result = s.get("started")
+    if not _ran(result) or result.get("failed") or result.get("rc"):
+        return None, None
+    words = str(result.get("stdout") or "").split()
+    return (_num(words[0]) if words else None), (_num(words[1]) if len(words) > 1 else None)
+
+
 def sglang_reasons(s, config=None):
     """Reasons and the ``sglang`` summary from the sglang/nccl gatherings.
 
@@ -240,18 +252,22 @@ def sglang_reasons(s, config=None):
             seen = "no generation from %s (%s %s)" % (health.get("url") or "/health_generate", status,
                                                       str(health.get("msg") or "")[:120]
                                                       if status != 503 else "warming up or draining")
-            if running:
-                # The managed server's process runs but does not answer: most often a model still loading (a
-                # slow start, or restart.yml's rollback left it relaunched_loading). "Restart" would kill that load.
-                started_result = s.get("started")
-                started = None
-                if _ran(started_result) and not started_result.get("failed") and not started_result.get("rc"):
-                    started = _num(str(started_result.get("stdout") or "").strip())
-                when = (" since %s UTC (host clock)" % time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))
-                        if started is not None else "")
+            started, host_now = _started_epoch(s)
+            age = (host_now - started) if started is not None and host_now is not None else None
+            if running and (age is None or age <= float(cfg["loading_window_s"])):
+                # The managed server's process runs but does not answer, and started recently (or when is not
+                # known): most often a model still loading (a slow start, or restart.yml's rollback left it
+                # relaunched_loading). "Restart" would kill that load.
+                when = (" since %s UTC (host clock, %.0f s ago)" % (
+                    time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)), age) if age is not None else "")
                 text = ("%s; the server (pid %s) runs%s: it may still be loading, run playbooks/check.yml again "
                         "to see when it serves; if it never does, read its log, then restart with "
                         "playbooks/restart.yml" % (seen, host.get("managed_pid"), when))
+            elif running:
+                text = ("%s; the server (pid %s) has run since %s UTC (host clock), longer than a load takes "
+                        "(loading_window_s %s s), and does not answer: read its log, then restart with "
+                        "playbooks/restart.yml" % (seen, host.get("managed_pid"), time.strftime(
+                            "%Y-%m-%d %H:%M:%S", time.gmtime(started)), cfg["loading_window_s"]))
             else:
                 text = "%s: restart with playbooks/restart.yml" % seen
             reasons.append(_reason("CRIT", "sglang_not_serving", text))
@@ -308,11 +324,9 @@ def sglang_reasons(s, config=None):
                               for w in bad[:4])
             reasons.append(_reason("CRIT", "nccl_worker_env", "%d of %d worker(s) lack the NCCL values: %s; "
                                    "restart with playbooks/restart.yml" % (len(bad), len(listed), names[:400])))
-    stat, started_result = s.get("engine_stat"), s.get("started")
+    stat = s.get("engine_stat")
     mtime = _num(((stat or {}).get("stat") or {}).get("mtime")) if _ran(stat) else None
-    started = None
-    if _ran(started_result) and not started_result.get("failed") and not started_result.get("rc"):
-        started = _num(str(started_result.get("stdout") or "").strip())
+    started, _ = _started_epoch(s)
     if mtime is not None and started is not None:
         summary["server_started_epoch"] = round(started, 1)
         summary["engine_mtime_epoch"] = round(mtime, 1)

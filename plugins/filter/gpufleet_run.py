@@ -156,14 +156,15 @@ def _int_error(name, value, low, high, hint):
 def _positive_error(name, value, whole, low, hint):
     """Why ``value`` is not a number (a whole one when ``whole``) of at least ``low`` ('' when it is)."""
     if whole:
-        return _int_error(name, value, low, None, hint)
+        return _int_error(name, value, low, _HIGHEST.get(name), hint)
     if isinstance(value, bool):
         return "%s=%s is not a number; %s" % (name, _show(value), hint)
     try:
         number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
     except ValueError:
         return "%s=%s is not a number; %s" % (name, _show(value), hint)
-    if number != number or number < low or (low == 0 and number <= 0 and name not in _MAY_BE_ZERO):
+    if number != number or number in (float("inf"), float("-inf")) or number < low or (
+            low == 0 and number <= 0 and name not in _MAY_BE_ZERO):
         return "%s=%s is out of range (%s); %s" % (
             name, _show(value), "0 or more" if name in _MAY_BE_ZERO else "more than 0", hint)
     return ""
@@ -191,6 +192,20 @@ _TUNABLES = {
 }
 # Of those, the ones 0 is a meaning for (no grace: SIGKILL at once; no drain wait).
 _MAY_BE_ZERO = ("sglang_stop_grace_s", "gpufleet_router_drain_timeout_s")
+# Upper bounds the roles' modules enforce (sglang_stop's poll_interval_ms: 1-100).
+_HIGHEST = {"sglang_stop_poll_interval_ms": 100}
+# Of those, the ones whose role maps an empty value to its default (an unanswered AWX survey question); for the
+# others an empty value reaches the role's argument spec, which refuses it after the stop.
+_EMPTY_IS_DEFAULT = ("gpufleet_router_drain_timeout_s", "gpufleet_router_ready_timeout_s")
+
+
+def _tunable_wanted(name, whole, low):
+    """What a _TUNABLES variable takes, in words: 'a whole number of ms (1-100)', 'seconds (more than 0)'."""
+    if whole:
+        unit = "MiB" if name.endswith("_mib") else "ms" if name.endswith("_ms") else "seconds"
+        high = _HIGHEST.get(name)
+        return "a whole number of %s (%d%s)" % (unit, low, "-%d" % high if high is not None else " or more")
+    return "seconds (0 or more)" if name in _MAY_BE_ZERO else "seconds (more than 0)"
 
 
 def gpufleet_guard_errors(values, host=None):
@@ -228,13 +243,13 @@ def gpufleet_guard_errors(values, host=None):
                 errors.append(problem)
     for name, (whole, low) in _TUNABLES.items():
         value = values.get(name)
+        if isinstance(value, str) and not value.strip() and name not in _EMPTY_IS_DEFAULT:
+            errors.append("%s is empty; give a value, or do not set it at all (no -e, nothing in the inventory) "
+                          "for the role's default" % name)
+            continue
         if not gpufleet_unset(value):
-            problem = _positive_error(name, value, whole, low,
-                                      "give %s, or leave it empty for the role's default"
-                                      % ("a whole number of %s" % ("MiB" if name.endswith("_mib") else
-                                                                    "ms" if name.endswith("_ms") else "seconds")
-                                         + (" (%d or more)" % low) if whole else
-                                         "seconds (0 or more)" if name in _MAY_BE_ZERO else "seconds (more than 0)"))
+            problem = _positive_error(name, value, whole, low, "give %s, or do not set it for the role's default"
+                                      % _tunable_wanted(name, whole, low))
             if problem:
                 errors.append(problem)
     throughput = values.get("sglang_verify_throughput")

@@ -507,6 +507,10 @@ def unit_exit(props, dead_pid):
     unit again they describe a later process, so they count only while ExecMainPID is ``dead_pid``.
     """
     exec_pid = int(props.get("ExecMainPID") or 0)
+    exited = int(props.get("ExecMainExitTimestampMonotonic") or 0) > 0
+    if exec_pid == dead_pid and not exited:
+        # systemd has not processed the exit yet: ExecMainStatus still reads 0.
+        return {"rc": None, "elapsed_s": None, "note": ""}
     if exec_pid != dead_pid:
         return {"rc": None, "elapsed_s": None,
                 "note": ("systemd has run the unit again since, as pid %d (Restart= after a crash)" % exec_pid)
@@ -895,6 +899,12 @@ def run_recorded(module, p):
         result["diff"] = dict(before=before or "", after=text, before_header=path, after_header=path)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
+        if module.check_mode:
+            # A first restart in check mode: the real run creates the state directory (the start's create_dirs)
+            # before it gets here.
+            module.warn("directory %s for record_file does not exist yet: a real run creates it before it writes "
+                        "the record" % directory)
+            module.exit_json(**result)
         module.fail_json(msg="directory %s for record_file does not exist (create sglang_state_dir first)" % directory,
                          **result)
     if result["changed"] and not module.check_mode:

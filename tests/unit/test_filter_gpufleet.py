@@ -165,6 +165,9 @@ def test_unit_template_stop_timeout_is_the_stop_grace_and_restart_policy_is_boun
     assert "StartLimitBurst=3" in lines and "StartLimitIntervalSec=600" in lines
     _, unit = _render_unit(_sglang_launch_stop_grace_s="90")
     assert "TimeoutStopSec=90s" in unit.splitlines()
+    # grace 0 = SIGKILL at once; systemd would read TimeoutStopSec=0 as "never SIGKILL" (systemd.service(5))
+    _, unit = _render_unit(_sglang_launch_stop_grace_s=0)
+    assert "TimeoutStopSec=1ms" in unit.splitlines()
 
 
 def test_unit_template_with_an_api_key_names_the_env_file_and_never_holds_the_key():

@@ -267,11 +267,21 @@ def test_a_running_server_that_does_not_answer_yet_is_not_told_to_restart_at_onc
     g["health"] = {"status": -1, "url": "http://10.0.0.1:30000/health_generate", "msg": "Connection refused"}
     g["server_info"] = {"skipped": True}
     g["host"] = {"managed_pid": 404, "managed_running": True}
-    g["started"] = {"stdout": "1796223685.525", "rc": 0}
+    g["started"] = {"stdout": "1796223685.525 1796223745.9", "rc": 0}
     [reason] = [x for x in verdict(g)["reasons"] if x["code"] == "sglang_not_serving"]
     assert reason["severity"] == "CRIT"
-    assert "the server (pid 404) runs since 2026-12-02 15:01:25 UTC (host clock)" in reason["text"], reason["text"]
+    assert "the server (pid 404) runs since 2026-12-02 15:01:25 UTC (host clock, 60 s ago)" in reason["text"], \
+        reason["text"]
     assert "may still be loading" in reason["text"] and "check.yml again" in reason["text"]
+    # Up for three weeks and hanging: not a load; the host's own clock says how old it is.
+    g["started"] = {"stdout": "1794409285.5 1796223745.9", "rc": 0}
+    [reason] = [x for x in verdict(g)["reasons"] if x["code"] == "sglang_not_serving"]
+    assert "loading" not in reason["text"].replace("loading_window_s", "") and "read its log" in reason["text"]
+    assert "has run since 2026-11-11" in reason["text"], reason["text"]
+    # A longer window (fleet_check_loading_window_s) counts it as loading again.
+    [reason] = [x for x in chk.gpufleet_check_verdict(g, {"loading_window_s": 30 * 86400})["reasons"]
+                if x["code"] == "sglang_not_serving"]
+    assert "may still be loading" in reason["text"]
     # No server process: nothing is loading, restarting is the advice.
     g["host"] = {"managed_pid": None, "managed_running": False}
     g["started"] = {"skipped": True}

@@ -77,7 +77,25 @@ def test_good_values_pass():
 ])
 def test_restart_timeouts_are_checked_before_any_host_is_touched(name, value, word):
     [message] = run.gpufleet_guard_errors({name: value})
-    assert word in message and "leave it empty for the role's default" in message, message
+    assert word in message and "do not set it for the role's default" in message, message
+
+
+def test_an_empty_restart_timeout_is_refused_unless_its_role_maps_empty_to_the_default():
+    # -e sglang_launch_ready_timeout_s= reaches the launch role's argument spec as '' and fails it after the
+    # stop (and the rollback's relaunch wait with it); the router's two map '' to 120 (an unanswered survey).
+    [message] = run.gpufleet_guard_errors({"sglang_launch_ready_timeout_s": " "})
+    assert message.startswith("sglang_launch_ready_timeout_s is empty") and "do not set it at all" in message
+    assert run.gpufleet_guard_errors({"gpufleet_router_ready_timeout_s": "", "gpufleet_router_drain_timeout_s": ""}) \
+        == []
+
+
+def test_infinite_values_and_a_stop_poll_interval_above_what_sglang_stop_takes_are_refused():
+    [message] = run.gpufleet_guard_errors({"gpu_memory_wait_timeout_s": "inf"})
+    assert "gpu_memory_wait_timeout_s='inf' is out of range" in message
+    [message] = run.gpufleet_guard_errors({"sglang_stop_poll_interval_ms": 200})
+    assert "sglang_stop_poll_interval_ms=200 is out of range (1-100)" in message
+    assert "a whole number of ms (1-100)" in message
+    assert run.gpufleet_guard_errors({"sglang_stop_poll_interval_ms": 100}) == []
 
 
 def test_a_zero_drain_timeout_means_do_not_wait_and_passes():
@@ -228,3 +246,20 @@ def test_not_started_rows_are_the_later_batches_only():
     rows = run.gpufleet_not_started_rows(hostvars, ["h1", "h2", "h3", "h4"], ["h2"], "h2", "failed")
     assert sorted(rows) == ["h3", "h4"] and rows["h3"]["result"] == "not_started"
     assert "stopped at h2 (failed)" in rows["h3"]["cause"]
+
+
+@pytest.mark.parametrize("given,expected", [(0, "0"), ("0", "0"), (30, "30"), ("", "120"), (None, "120"),
+                                            ("UNDEFINED", "120")])
+def test_router_drain_and_ready_timeouts_keep_0_and_map_unset_to_the_default(given, expected):
+    # roles/sglang_router/defaults: "0 = do not wait"; default(120, true) used to turn an integer 0 into 120.
+    import pathlib
+    import jinja2
+    import yaml
+    root = pathlib.Path(__file__).resolve().parents[2]
+    defaults = yaml.safe_load((root / "roles" / "sglang_router" / "defaults" / "main.yml").read_text())
+    env = jinja2.Environment()
+    env.filters["gpufleet.fleet.gpufleet_unset"] = run.gpufleet_unset
+    for role_var, playbook_var in (("sglang_router_drain_timeout_s", "gpufleet_router_drain_timeout_s"),
+                                   ("sglang_router_ready_timeout_s", "gpufleet_router_ready_timeout_s")):
+        values = {} if given == "UNDEFINED" else {playbook_var: given}
+        assert env.from_string(defaults[role_var]).render(**values).strip() == expected, role_var

@@ -342,6 +342,8 @@ def test_unit_exit_counts_the_units_exit_status_only_for_the_pid_that_died():
     # CLD_KILLED: ExecMainStatus is the signal, not an exit status
     assert proc_mod.unit_exit(dict(props, ExecMainStatus="9", ExecMainCode="2"), 466)["rc"] == -9
     # Restart= ran the unit again: the status (0, the new process still runs) belongs to pid 512, not to 466
+    # systemd has not processed the exit yet: ExecMainStatus still reads 0, which is not an exit status
+    assert proc_mod.unit_exit(dict(props, ExecMainStatus="0", ExecMainExitTimestampMonotonic="0"), 466)["rc"] is None
     later = dict(props, ExecMainPID="512", ExecMainStatus="0", ExecMainCode="0", ExecMainExitTimestampMonotonic="0")
     assert proc_mod.unit_exit(later, 466) == {
         "rc": None, "elapsed_s": None,
@@ -560,6 +562,15 @@ def test_recorded_in_check_mode_diffs_only_the_launch_configuration(tmp_path, ca
     # Outside check mode the keys are written as given.
     rc, result = run_main(dict(args, record=new, _ansible_check_mode=False), capsys)
     assert rc == 0 and json.loads(path.read_text())["pid"] == 0
+
+
+def test_recorded_in_check_mode_into_a_missing_directory_warns_instead_of_failing(tmp_path, capsys):
+    # restart.yml --check on a host gpufleet never launched on: the real run creates sglang_state_dir first.
+    path = tmp_path / "state" / "launch.json"
+    rc, result = run_main({"state": "recorded", "record_file": str(path), "record": {"pid": 1},
+                           "_ansible_check_mode": True, "_ansible_diff": True}, capsys)
+    assert rc == 0 and result["changed"] and not result.get("failed")
+    assert "a real run creates it" in json.dumps(result["warnings"]) and not (tmp_path / "state").exists()
 
 
 def test_recorded_into_a_missing_directory_fails_and_writes_nothing(tmp_path, capsys):
