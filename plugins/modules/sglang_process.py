@@ -603,10 +603,10 @@ def renew_lock(lock_dir, lock_owner):
 class Waiter(object):
     """One readiness slice for the server ``pid``; see the module's state=ready."""
 
-    def __init__(self, params, pid, exit_code_of, now=time.time, monotonic=time.monotonic, sleep=time.sleep):
+    def __init__(self, params, pid, exit_info_of, now=time.time, monotonic=time.monotonic, sleep=time.sleep):
         self.p = params
         self.pid = pid
-        self.exit_code_of = exit_code_of
+        self.exit_info_of = exit_info_of
         self.now, self.monotonic, self.sleep = now, monotonic, sleep
         host = params["host"] or "127.0.0.1"
         self.probe_host = "127.0.0.1" if host in WILDCARDS else host.strip("[]")
@@ -628,10 +628,10 @@ class Waiter(object):
     def died(self, elapsed_s):
         """(msg, extra result) for a server that is gone; ``elapsed_s`` None: it was gone at the first look.
 
-        ``exit_code_of(pid)`` gives a dict: ``rc`` (exit status, -signal, None when not known), optionally
+        ``exit_info_of(pid)`` gives a dict: ``rc`` (exit status, -signal, None when not known), optionally
         ``elapsed_s`` (its run time, s) and ``note`` (text after the status).
         """
-        info = self.exit_code_of(self.pid)
+        info = self.exit_info_of(self.pid)
         rc = info.get("rc")
         record = read_exit_record(self.p["exit_file"], self.pid) if self.p["exit_file"] else None
         if record and record.get("started_at") and record.get("ended_at"):
@@ -723,7 +723,7 @@ def run_ready(module, p, result):
     pid = resolve_pid(module, p)
     exit_file = p["exit_file"]
 
-    def exit_code_of(dead_pid):
+    def exit_info_of(dead_pid):
         if p["unit"]:
             return unit_exit(unit_show(module.run_command, p["unit"]), dead_pid)
         return {"rc": await_exit_file(exit_file, dead_pid) if exit_file else None}
@@ -733,13 +733,11 @@ def run_ready(module, p, result):
         result["lock_renewed"] = renew_lock(p["lock_dir"], p["lock_owner"])
     except gpufleet_lock.LockError as exc:
         module.fail_json(msg="stopped waiting for the server (pid %d, left running): %s" % (pid, exc), **result)
-    waiter = Waiter(p, pid, exit_code_of)
+    waiter = Waiter(p, pid, exit_info_of)
     state, elapsed, extra = waiter.run()
-    if elapsed is None:  # gone before the first look
-        msg, more = waiter.died(None)
-        result.update(more, last=waiter.last)
-        module.fail_json(msg=msg, **result)
-    result.update(elapsed_s=round(elapsed, 1), last=waiter.last, progress=waiter.progress(elapsed))
+    result.update(elapsed_s=None if elapsed is None else round(elapsed, 1), last=waiter.last)
+    if elapsed is not None:  # None: the server was gone before the first look (state died)
+        result["progress"] = waiter.progress(elapsed)
     if state == "ready":
         ready_result(result, waiter, pid, elapsed, extra)
         module.exit_json(msg=result["progress"], **result)
