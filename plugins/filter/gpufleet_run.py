@@ -140,12 +140,19 @@ def _show(value):
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _int_error(name, value, low, high, hint):
+def _int_error(name, value, low, high, hint, point_ok=False):
+    """Why ``value`` is not a whole number in ``low``..``high`` ('' when it is); ``point_ok``: "900.0" is 900."""
     if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
         return "%s=%s is not a whole number; %s" % (name, _show(value), hint)
     try:
-        number = int(str(value).strip()) if not isinstance(value, (int, float)) else int(value)
-    except ValueError:
+        text = str(value).strip()
+        if isinstance(value, (int, float)):
+            number = int(value)
+        elif point_ok and float(text).is_integer():
+            number = int(float(text))
+        else:
+            number = int(text)
+    except (ValueError, OverflowError):
         return "%s=%s is not a whole number; %s" % (name, _show(value), hint)
     if number < low or (high is not None and number > high):
         return "%s=%s is out of range (%d%s); %s" % (
@@ -156,7 +163,8 @@ def _int_error(name, value, low, high, hint):
 def _positive_error(name, value, whole, low, hint):
     """Why ``value`` is not a number (a whole one when ``whole``) of at least ``low`` ('' when it is)."""
     if whole:
-        return _int_error(name, value, low, _HIGHEST.get(name), hint)
+        # "900.0" is a whole number to the roles' argument specs and modules (type int takes it), so here too.
+        return _int_error(name, value, low, _HIGHEST.get(name), hint, point_ok=True)
     if isinstance(value, bool):
         return "%s=%s is not a number; %s" % (name, _show(value), hint)
     try:
@@ -364,7 +372,8 @@ def gpufleet_restart_row(facts):
     measured between them, free of controller task overhead and clock skew); ``stop_old_pid``; ``stop_signalled``
     (number of processes the stop signalled);
     ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s); ``router_out_of_pool``
-    (the router's URL when the run took the host out of its pool and did not put it back, else null).
+    (the router's URL when the run took the host out of its pool and did not put it back, else null);
+    ``router_worker_url`` (the worker URL that run removed, for the advice to add it back by hand).
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
     ``advice`` (what to do next; on a row that is ok, only a note: "first launch: ..." when no server ran before
@@ -448,8 +457,8 @@ def gpufleet_restart_row(facts):
             # Nothing else puts it back: check.yml does not look at the router, and the server coming up later
             # (relaunched_loading) does not either.
             row["advice"] += ("; the host is out of the pool of the router %s until a restart.yml run for it "
-                              "succeeds (or add http://<host>:<port> back with the router's POST /workers)"
-                              % f["router_out_of_pool"])
+                              "succeeds (or add %s back with the router's POST /workers)"
+                              % (f["router_out_of_pool"], f.get("router_worker_url") or "the worker URL"))
         if first_launch:
             row["advice"] = "first launch (no server ran before this run): " + row["advice"]
     elif first_launch:

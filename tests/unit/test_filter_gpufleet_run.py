@@ -114,6 +114,20 @@ def test_good_restart_timeouts_pass():
                                       "sglang_verify_request_timeout_s": None}) == []
 
 
+def test_a_whole_number_written_with_a_point_passes_where_the_roles_take_it():
+    # The roles' argument specs and modules (type int) take "900.0" as 900, so the guard must not refuse it; a
+    # port is not a tunable and is put into URLs as written, so "30000.0" stays refused there.
+    from ansible.module_utils.common.validation import check_type_int
+    assert check_type_int("900.0") == 900
+    assert run.gpufleet_guard_errors({"sglang_launch_ready_timeout_s": "900.0",
+                                      "sglang_stop_poll_interval_ms": "50.0", "gpu_memory_wait_max_used_mib": 0.0}) == []
+    [message] = run.gpufleet_guard_errors({"sglang_stop_poll_interval_ms": "150.0"})
+    assert "out of range (1-100)" in message
+    [message] = run.gpufleet_guard_errors({"sglang_launch_ready_timeout_s": "nan"})
+    assert "not a whole number" in message
+    assert run.gpufleet_guard_errors({"sglang_port": "30000.0"})
+
+
 def test_guard_report_names_hosts_only_when_not_all_are_concerned():
     hostvars = {"h1": {"sglang_port": "x"}, "h2": {"sglang_port": "x"}, "h3": {"sglang_port": 30000}}
     assert run.gpufleet_guard_report(hostvars, ["h1", "h2"]) == [run.gpufleet_guard_errors({"sglang_port": "x"})[0]]
@@ -201,8 +215,10 @@ def test_a_host_left_out_of_the_router_pool_says_so_in_its_advice():
     # does not look at the router, so the summary's note is the operator's only hint.
     facts = dict(BASE, failed_phase="launch", failed_cause="did not answer within 5 s",
                  rollback={"state": "relaunched_loading", "pid": 948, "detail": "relaunched as pid 948"})
-    row = run.gpufleet_restart_row(dict(facts, router_out_of_pool="http://10.0.0.254:38000"))
+    row = run.gpufleet_restart_row(dict(facts, router_out_of_pool="http://10.0.0.254:38000",
+                                        router_worker_url="http://10.0.0.11:30000"))
     assert "out of the pool of the router http://10.0.0.254:38000" in row["advice"], row["advice"]
+    assert "add http://10.0.0.11:30000 back with the router's POST /workers" in row["advice"], row["advice"]
     assert "relaunched (pid 948) and still loads" in row["advice"]
     assert "pool" not in run.gpufleet_restart_row(dict(facts, router_out_of_pool=None))["advice"]
 
