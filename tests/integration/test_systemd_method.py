@@ -117,7 +117,9 @@ def test_crash_on_start_rolls_back_through_systemd_with_journal_lines_and_no_res
     host = lab.hosts[0]
     old_pid = ensure_serving(lab, host)
     args = dict(lab.host_vars(host)["sglang_launch_args"], **{"max-running-requests": 77})
-    lab.fault(host, crash_with_arg="77")
+    # The flag's name, not its value: crash_with_arg matches any argv element holding the text, and the lab's
+    # paths hold the pytest pid and its addresses a random octet ("77" in either crashed the rollback too).
+    lab.fault(host, crash_with_arg="--max-running-requests")
     try:
         runner = restart(lab, limit=host, sglang_launch_args=args)
     finally:
@@ -147,7 +149,7 @@ def test_a_crash_loop_through_restart_sec_0_is_ended_by_the_rollback_and_the_mes
     host = lab.hosts[0]
     old_pid = ensure_serving(lab, host)
     args = dict(lab.host_vars(host)["sglang_launch_args"], **{"max-running-requests": 78})
-    lab.fault(host, crash_with_arg="78", slow_load_s=0.1)
+    lab.fault(host, crash_with_arg="--max-running-requests", slow_load_s=0.1)
     try:
         runner = restart(lab, limit=host, sglang_launch_args=args, sglang_launch_systemd_restart_sec=0)
     finally:
