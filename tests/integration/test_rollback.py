@@ -409,3 +409,74 @@ def test_without_a_launch_record_only_the_file_is_restored_and_the_run_says_so(l
         lab.exec(host, ["mv", record_file + ".test-saved", record_file])
     ensure_serving(lab, host)
     assert lab.wait_http(host) == 200
+
+
+FREEZER = "/sys/fs/cgroup/freezer"
+
+
+@pytest.mark.lab_only_once
+def test_a_stop_that_fails_after_signalling_rolls_back_once_the_stuck_worker_is_gone(lab):
+    """A TP worker stuck in the kernel (state D; here frozen by a cgroup-v1 freezer, which holds SIGKILL pending
+    as a hung driver call does) survives SIGKILL past sglang_stop_kill_timeout_s: the stop fails after it signalled
+    the server, so it names no old pid and the rollback takes preflight's stop preview. The rollback waits for
+    the GPU memory (the worker ends some seconds later, as a driver call that returns) before it relaunches the
+    previous launch; relaunched at once, a real server would load into GPUs still full."""
+    host = lab.hosts[2 % len(lab.hosts)]
+    if lab.exec(host, ["test", "-w", FREEZER + "/cgroup.procs"]).returncode != 0:
+        pytest.skip("no cgroup v1 freezer at %s (needed to hold a worker in state D)" % FREEZER)
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    [worker] = [int(p) for p in lab.exec(host, ["pgrep", "-P", str(before_pid), "-f", "sglang::scheduler_TP3"],
+                                         check=True).stdout.split()]
+    cgroup = "%s/gpufleet-test-%s-%d" % (FREEZER, host, worker)
+    lab.exec(host, ["mkdir", cgroup], check=True)
+    thawed = {}
+
+    def thaw():
+        lab.exec(host, ["sh", "-c", "echo THAWED > %s/freezer.state" % cgroup])
+        thawed.setdefault("at", time.time())
+
+    def thaw_after_sigkill(after_s=8):
+        # SIGKILL pending (bit 9 of ShdPnd/SigPnd): the stop (or the server's death signal) has come; the stop
+        # gives up after its kill timeout (2 s), and the worker "returns from the driver" after_s later.
+        deadline = time.time() + 240
+        while time.time() < deadline and "at" not in thawed:
+            status = lab.exec(host, ["cat", "/proc/%d/status" % worker]).stdout
+            pending = [int(line.split()[1], 16) for line in status.splitlines()
+                       if line.startswith(("SigPnd:", "ShdPnd:"))]
+            if any(mask & (1 << 8) for mask in pending):
+                time.sleep(after_s)
+                break
+            time.sleep(0.2)
+        thaw()
+
+    try:
+        lab.exec(host, ["sh", "-c", "echo %d > %s/cgroup.procs && echo FROZEN > %s/freezer.state"
+                        % (worker, cgroup, cgroup)], check=True)
+        assert lab.wait_http(host, timeout_s=5) == 200  # the server itself still serves
+        thawer = threading.Thread(target=thaw_after_sigkill, daemon=True)
+        thawer.start()
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(
+            changed_config(lab, host), sglang_stop_grace_s=2, sglang_stop_kill_timeout_s=2))
+        thawer.join(60)
+    finally:
+        thaw()
+        wait_until_dead(lab, host, worker, timeout_s=30)
+        lab.exec(host, ["rmdir", cgroup])
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-4000:]
+    assert facts(lab, runner, host, "_gpufleet_failed_phase") == "stop"
+    cause = facts(lab, runner, host, "_gpufleet_failed_cause")
+    assert "survived SIGKILL" in cause and "pid %d state D" % worker in cause, cause
+    # The stop named no old pid (its module failed): the rollback relaunched on preflight's preview.
+    assert facts(lab, runner, host, "sglang_stop_old_pid") is None
+    [waited] = [d for d in lab.events(runner, "runner_on_ok", "nvidia_gpu_wait")
+                if d["host"] == host and d["task"] == "Rollback - wait until GPU memory is released"]
+    assert waited["res"]["ready"], waited["res"]
+    assert thawed["at"] < time.time()
+    rollback = facts(lab, runner, host, "_gpufleet_rollback")
+    assert rollback["state"] == "rolled_back", rollback
+    assert not alive(lab, host, worker)
+    assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+    [row] = [line for line in out.split("GPUFLEET SUMMARY", 1)[1].splitlines() if line.startswith(host + ": ")]
+    assert "rolled_back in stop" in row, row
