@@ -109,6 +109,19 @@ class Lab:
         merged.update(self._host_vars[host])
         return merged
 
+    def launch_args_expr(self, extra):
+        """A Jinja expression for the extra var ``sglang_launch_args``: every host's own launch args (paths under
+        its ``lab_host_dir``) plus ``extra`` (an extra var is one value for all hosts; their paths differ)."""
+        first = self.host_vars(self.hosts[0])
+        home = first["lab_host_dir"]
+        parts = []
+        for key, value in first["sglang_launch_args"].items():
+            if isinstance(value, str) and value.startswith(home + "/"):
+                parts.append("%s: lab_host_dir ~ %s" % (json.dumps(key), json.dumps(value[len(home):])))
+            else:
+                parts.append("%s: %s" % (json.dumps(key), json.dumps(value)))
+        return "{{ {%s} | combine(%s) }}" % (", ".join(parts), json.dumps(extra))
+
     def _entry(self, host):
         return labtool.host_entry(self._state, host)
 

@@ -114,11 +114,7 @@ def test_preflight_refuses_api_key_in_launch_args_and_stops_nothing(lab):
     host = lab.hosts[0]
     before = ensure_serving(lab, [host])[host]
     key = "sk-gpufleet-" + secrets.token_hex(16)
-    launch_args = ("{{ {'model-path': lab_host_dir ~ '/models/Llama-3.3-70B-Instruct', "
-                   "'speculative-draft-model-path': lab_host_dir ~ '/models/EAGLE3-LLaMA3.3-Instruct-70B', "
-                   "'tp-size': 8, 'speculative-algorithm': 'EAGLE3', 'speculative-num-steps': 3, "
-                   "'speculative-eagle-topk': 1, 'speculative-num-draft-tokens': 4, 'trust-remote-code': true, "
-                   "'api-key': '%s'} }}" % key)
+    launch_args = lab.launch_args_expr({"api-key": key})
     runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=launch_args), limit=host)
     assert runner.status == "failed", stdout_of(runner)[-3000:]
     text = json.dumps([d.get("res", {}).get("msg", "") for d in lab.events(runner, "runner_on_failed")])

@@ -138,7 +138,7 @@ def test_check_mode_changes_nothing(lab):
     records = {h: lab.exec(h, ["md5sum", "%s/launch.json" % lab.host_vars(h)["sglang_state_dir"]]).stdout
                for h in lab.hosts}
     # --diff with a flag added: the launch record's diff is what the launch would change, and nothing else
-    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=_launch_args_expr(
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=lab.launch_args_expr(
         {"enable-metrics": True})), check=True, diff=True)
     assert runner.status == "successful", stdout_of(runner)[-4000:]
     diffs = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_process")
@@ -191,15 +191,6 @@ def test_memory_never_released_fails_naming_holders_then_rolls_back_to_the_old_s
     ensure_serving(lab, [host])
 
 
-def _launch_args_expr(extra):
-    """A Jinja expression giving each lab host its own launch args plus ``extra`` (extra vars win over host vars)."""
-    base = ("{'model-path': lab_host_dir ~ '/models/Llama-3.3-70B-Instruct', "
-            "'speculative-draft-model-path': lab_host_dir ~ '/models/EAGLE3-LLaMA3.3-Instruct-70B', "
-            "'tp-size': 8, 'speculative-algorithm': 'EAGLE3', 'speculative-num-steps': 3, "
-            "'speculative-eagle-topk': 1, 'speculative-num-draft-tokens': 4, 'trust-remote-code': true}")
-    return "{{ %s | combine(%s) }}" % (base, json.dumps(extra))
-
-
 def _assert_refused_before_any_stop(lab, runner, before, words):
     out = stdout_of(runner)
     assert runner.status == "failed", out[-3000:]
@@ -217,7 +208,7 @@ def _assert_refused_before_any_stop(lab, runner, before, words):
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_preflight_refuses_unknown_flag_and_no_host_is_stopped(lab):
     before = ensure_serving(lab)
-    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=_launch_args_expr(
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=lab.launch_args_expr(
         {"speculative-num-stepz": 3})))
     _assert_refused_before_any_stop(lab, runner, before, ["speculative-num-stepz"])
 
@@ -225,7 +216,7 @@ def test_preflight_refuses_unknown_flag_and_no_host_is_stopped(lab):
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_preflight_refuses_missing_model_path_and_no_host_is_stopped(lab):
     before = ensure_serving(lab)
-    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=_launch_args_expr(
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_launch_args=lab.launch_args_expr(
         {"model-path": "/models/no-such-model"})))
     _assert_refused_before_any_stop(lab, runner, before, ["/models/no-such-model"])
 
