@@ -15,9 +15,10 @@ description:
     turn, C(not_reached) when no task ran for them."
   - "Columns: host, result (ok|check|failed|rolled_back|refused|not_started|not_reached|unreachable), downtime_s
     (s, stop start → a server answered again; C(down:N) = still down, N s so far; 0.0 = no server ran before),
-    release_wait_ms (ms), tokens_per_s, nccl (ok|fail), old_pid, new_pid. Below the table, hosts that are ok with
-    a note (C(first launch): no server ran before the run) get one line per note, and each host that is not ok
-    gets its phase, cause, rollback and what to do next."
+    release_wait_ms (ms), tokens_per_s, nccl (ok|fail), old_pid, new_pid (after a rollback: the relaunched previous
+    server). Below the table, hosts that are ok with a note (no server ran before the run: a first launch, or a
+    host that was down) get one line per note, and each host that is not ok gets its phase, cause, rollback and
+    what to do next."
   - "Check: for playbooks/check.yml (it publishes C(gpufleet_check) with C(set_stats)) prints the fleet table
     instead: host, verdict (OK|WARN|CRIT), GPUs ok/total, the first reasons (severity, code, GPU), and a count line."
   - "Progress: for a task retried with C(until)/C(retries) whose result carries a C(progress) string (the readiness

@@ -5,6 +5,8 @@
   ``{"loads": [{"dp_rank", "num_running_reqs", "num_waiting_reqs", ...}, ...]}``): the sum of
   ``num_running_reqs + num_waiting_reqs`` over the DP ranks. 0 when the result holds no ``loads`` list
   (no answer, 404); a rank missing a field counts 0 for it.
+- ``gpufleet_router_refused(result)`` → bool: the ``uri`` result is a refused connection (nothing listens on
+  the port, so nothing is in flight there).
 """
 from __future__ import annotations
 
@@ -25,8 +27,20 @@ def gpufleet_router_inflight(result):
     return total
 
 
+def gpufleet_router_refused(result):
+    """Whether a ``uri`` result ``result`` (dict) is a refused connection: status -1 and ECONNREFUSED (errno 111
+    on Linux) in its ``msg``, as ``uri`` reports ``<urlopen error [Errno 111] Connection refused>``. Nothing
+    listens on the port then, so no request can be in flight there. A timeout, a reset or an HTTP error is not
+    a refusal (returns False)."""
+    if not isinstance(result, dict) or str(result.get("status")) != "-1":
+        return False
+    msg = str(result.get("msg") or "")
+    return "Connection refused" in msg or "[Errno 111]" in msg
+
+
 class FilterModule(object):
     """gpufleet router filters."""
 
     def filters(self):
-        return {"gpufleet_router_inflight": gpufleet_router_inflight}
+        return {"gpufleet_router_inflight": gpufleet_router_inflight,
+                "gpufleet_router_refused": gpufleet_router_refused}

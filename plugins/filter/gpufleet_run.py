@@ -373,14 +373,18 @@ def gpufleet_restart_row(facts):
     (number of processes the stop signalled);
     ``release_wait_ms``; ``tokens_per_s``; ``nccl_ok`` (bool); ``new_pid``; ``lease_s`` (s); ``router_out_of_pool``
     (the router's URL when the run took the host out of its pool and did not put it back, else null);
-    ``router_worker_url`` (the worker URL that run removed, for the advice to add it back by hand).
+    ``router_worker_url`` (the worker URL that run removed, for the advice to add it back by hand);
+    ``ran_before`` (preflight's check-mode stop: whether an SGLang server or leftover ran on the host when the run
+    began; false makes a failure before the stop say the host serves nothing instead of "the old server still
+    serves"; null when unknown).
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
-    ``advice`` (what to do next; on a row that is ok, only a note: "first launch: ..." when no server ran before
-    this run and it launched one); ``rollback`` ("state: detail"); ``downtime_s`` (s from the start of the stop
+    ``advice`` (what to do next; on a row that is ok, only a note: "no server ran before this run ..." when
+    this run launched one on a host without: a first launch, or a host that was down); ``rollback``
+    ("state: detail"); ``downtime_s`` (s from the start of the stop
     until a server answered again; 0.0 when no server ran before; for a host still down: so far, with
     ``still_down`` true; null when nothing was stopped); ``release_wait_ms``, ``tokens_per_s``, ``nccl``
-    (ok|fail|null), ``old_pid``, ``new_pid``.
+    (ok|fail|null), ``old_pid``, ``new_pid`` (after a rollback, the relaunched previous server's pid).
     """
     f = dict(facts or {})
     host = str(f.get("host") or "?")
@@ -395,9 +399,10 @@ def gpufleet_restart_row(facts):
     old_pid = _pid(f.get("stop_old_pid"))
     was_serving = old_pid is not None or bool(_num(f.get("stop_signalled")))
     stopped = stop_at is not None and not check
-    # No server ran before this run and it launched one: the host's first launch, not a restart (its downtime_s
-    # 0.0 says that no service was interrupted, not that a restart took no time).
+    # No server ran before this run and it launched one: a first launch or a host that was down, not a restart
+    # (its downtime_s 0.0 says that no service was interrupted, not that a restart took no time).
     first_launch = stopped and not was_serving and (ready_at is not None or _pid(f.get("new_pid")) is not None)
+    nothing_ran = str(f.get("ran_before")).lower() in ("false", "no", "0")  # None or absent: unknown
     rerun = "rerun playbooks/restart.yml -e target=%s" % host
     row = dict.fromkeys(ROW_KEYS)
     row["host"] = host
@@ -424,7 +429,7 @@ def gpufleet_restart_row(facts):
         elif rb_state in ("failed", "file_only", "relaunched_loading"):
             serving = False
         else:
-            serving = ready_at is not None or not stopped
+            serving = ready_at is not None or (not stopped and not nothing_ran)
     if stopped:
         if not was_serving:
             row["downtime_s"] = 0.0  # nothing served before this run: no service was interrupted
@@ -437,7 +442,11 @@ def gpufleet_restart_row(facts):
             row["downtime_s"] = round(max(now - stop_at, 0.0), 1)
         row["still_down"] = bool(was_serving and not serving) or (not serving and failed)
     if failed:
-        if not stopped:
+        if not stopped and nothing_ran and not check:
+            row["still_down"] = True
+            row["advice"] = ("nothing was stopped, and no SGLang server was running on this host when the run began: "
+                             "it serves nothing. Fix the cause, then %s" % rerun)
+        elif not stopped:
             row["advice"] = ("nothing was stopped%s: fix the cause, then %s"
                              % ("" if check else ": the old server still serves", rerun))
         elif rb_state == "rolled_back":
@@ -460,15 +469,18 @@ def gpufleet_restart_row(facts):
                               "succeeds (or add %s back with the router's POST /workers)"
                               % (f["router_out_of_pool"], f.get("router_worker_url") or "the worker URL"))
         if first_launch:
-            row["advice"] = "first launch (no server ran before this run): " + row["advice"]
+            row["advice"] = "no server ran before this run: " + row["advice"]
     elif first_launch:
-        row["advice"] = "first launch: no server ran before this run, so none was interrupted (downtime_s 0.0)"
+        row["advice"] = ("no server ran before this run (a first launch, or the host was down), so none was "
+                         "interrupted (downtime_s 0.0)")
     row["release_wait_ms"] = _num(f.get("release_wait_ms"))
     row["tokens_per_s"] = _num(f.get("tokens_per_s"))
     nccl = f.get("nccl_ok")
     row["nccl"] = None if nccl is None or check else ("ok" if str(nccl).lower() in ("true", "1", "yes") else "fail")
     row["old_pid"] = old_pid
-    row["new_pid"] = None if check else _pid(f.get("new_pid"))
+    # After a rollback the pid that serves (or loads) is the relaunched previous server's, not the failed one's.
+    rb_pid = _pid((rollback or {}).get("pid")) if rb_state in ("rolled_back", "relaunched_loading") else None
+    row["new_pid"] = None if check else (rb_pid or _pid(f.get("new_pid")))
     return row
 
 

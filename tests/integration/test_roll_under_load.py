@@ -8,6 +8,9 @@ playbook's events and the clients' results.
 """
 import os
 import sys
+import time
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -121,3 +124,33 @@ def test_a_loopback_worker_url_is_refused_before_the_host_leaves_the_pool(lab, r
     assert "not a loopback" in out and "Nothing was changed" in out, out[-3000:]
     assert server_pid(lab, host) == pid and lab.wait_http(host, timeout_s=2) == 200
     assert pool(router["url"]) == before
+
+
+def test_a_host_down_and_out_of_the_pool_is_brought_back_by_a_plain_rerun(lab, router):
+    """A failed run can leave a host serving nothing and out of the pool; its summary says so "until a
+    restart.yml run for it succeeds". That rerun failed in the drain: the dead server's /v1/loads was refused
+    for gpufleet_router_drain_timeout_s, the summary said "the old server still serves", and it tried to put
+    the dead server back into the pool. A refused connection means nothing is in flight: the rerun launches,
+    verifies and adds the worker, and says no server ran before it."""
+    host = router["hosts"][1]
+    url = worker_url(lab, host)
+    old_pid = server_pid(lab, host)
+    worker_id = pool(router["url"])[url][0]
+    urllib.request.urlopen(urllib.request.Request(
+        "%s/workers/%s" % (router["url"], urllib.parse.quote(worker_id, safe="")), method="DELETE"), timeout=10).read()
+    lab.exec(host, ["kill", "-9", str(old_pid)], check=True)  # its workers follow (PR_SET_PDEATHSIG)
+    deadline = time.time() + 30
+    while time.time() < deadline and (url in pool(router["url"]) or lab.wait_http(host, timeout_s=0.5) == 200):
+        time.sleep(0.2)
+    assert url not in pool(router["url"]) and lab.wait_http(host, timeout_s=0.5) != 200
+    runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(
+        FAST, gpufleet_router_url=router["url"], gpufleet_router_drain_timeout_s=30))
+    out = stdout_of(runner)
+    assert runner.status == "successful", out[-4000:]
+    [idle] = [d["res"]["msg"] for d in lab.events(runner, "runner_on_ok", "debug")
+              if d["host"] == host and d["task"] == "Router - say that the server is idle"]
+    assert "connection refused" in idle and "no request in flight" in idle, idle
+    [line] = [x for x in out.split("GPUFLEET SUMMARY", 1)[1].splitlines() if x.startswith(host + ": ")]
+    assert "ok: no server ran before this run" in line, line
+    assert lab.wait_http(host, timeout_s=10) == 200 and server_pid(lab, host) not in (None, old_pid)
+    assert pool(router["url"]).get(url, (None, False))[1] is True, pool(router["url"])

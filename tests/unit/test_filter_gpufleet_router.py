@@ -73,3 +73,19 @@ def test_guard_report_names_the_capacity_violation_once_for_the_run():
 ])
 def test_inflight_sums_running_and_waiting_requests_over_dp_ranks(result, count):
     assert router.gpufleet_router_inflight(result) == count
+
+
+@pytest.mark.parametrize("result,refused", [
+    # ansible.builtin.uri's message when nothing listens (the helper's trial: a server that was down)
+    ({"status": -1, "msg": "Status code was -1 and not [200, 404]: Request failed: "
+                           "<urlopen error [Errno 111] Connection refused>"}, True),
+    ({"status": "-1", "msg": "Connection refused"}, True),
+    # a hung server or a dropped connection: the in-flight count is unknown, not zero
+    ({"status": -1, "msg": "Status code was -1 and not [200, 404]: Request failed: <urlopen error timed out>"}, False),
+    ({"status": -1, "msg": "Connection reset by peer"}, False),
+    ({"status": 503, "msg": "Connection refused"}, False),
+    ({"status": 200, "json": {"loads": []}}, False),
+    (None, False), ("x", False),
+])
+def test_refused_is_only_a_refused_connection(result, refused):
+    assert router.gpufleet_router_refused(result) is refused

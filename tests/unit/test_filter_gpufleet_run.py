@@ -171,15 +171,40 @@ def test_first_run_without_an_old_server_has_no_downtime():
 
 def test_first_launch_says_so_instead_of_passing_for_an_instant_restart():
     row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0))
-    assert row["advice"] == "first launch: no server ran before this run, so none was interrupted (downtime_s 0.0)"
+    assert row["advice"] == "no server ran before this run (a first launch, or the host was down), so none was interrupted (downtime_s 0.0)"
     assert set(row) == set(run.ROW_KEYS)
     failed = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, failed_phase="launch",
                                            failed_cause="the server exited with status 1",
                                            rollback={"state": "file_only", "detail": "nothing to relaunch"}))
-    assert failed["advice"].startswith("first launch (no server ran before this run): this host serves nothing now")
+    assert failed["advice"].startswith("no server ran before this run: this host serves nothing now")
     # A restart, and a stop-only run that launched nothing, carry no such note.
     assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.0))["advice"] is None
     assert run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, new_pid=None))["advice"] is None
+
+
+def test_a_failure_before_the_stop_on_a_host_where_nothing_ran_says_it_serves_nothing():
+    # A rerun after a failed run left the host down: the router drain (or the patch) fails before any stop; the
+    # advice said "nothing was stopped: the old server still serves" while no server ran.
+    facts = dict(host="h1", now=1100.0, failed_phase="stop", failed_cause="/v1/loads answered -1",
+                 rollback={"state": "not_needed", "detail": "x"})
+    row = run.gpufleet_restart_row(dict(facts, ran_before=False))
+    assert row["advice"].startswith("nothing was stopped, and no SGLang server was running on this host when the "
+                                    "run began: it serves nothing"), row["advice"]
+    assert row["still_down"] is True and "still serves" not in row["advice"]
+    for known in (True, None):  # a server ran, or preflight could not tell: as before
+        assert "the old server still serves" in run.gpufleet_restart_row(dict(facts, ran_before=known))["advice"]
+    # --check changes nothing and says nothing about serving
+    assert "serves nothing" not in run.gpufleet_restart_row(dict(facts, ran_before=False, check_mode=True))["advice"]
+
+
+def test_after_a_rollback_new_pid_is_the_relaunched_server_not_the_failed_one():
+    failed = dict(BASE, failed_phase="launch", failed_cause="exited with status 1", new_pid=172)
+    row = run.gpufleet_restart_row(dict(failed, rollback={"state": "rolled_back", "pid": 220, "detail": "x"}))
+    assert row["result"] == "rolled_back" and row["new_pid"] == 220
+    row = run.gpufleet_restart_row(dict(failed, rollback={"state": "relaunched_loading", "pid": "221", "detail": "x"}))
+    assert row["new_pid"] == 221
+    # no relaunch: the launched pid, as before
+    assert run.gpufleet_restart_row(dict(failed, rollback={"state": "failed", "pid": None, "detail": "x"}))["new_pid"] == 172
 
 
 def test_failed_host_that_was_stopped_shows_downtime_so_far_and_still_down():

@@ -165,7 +165,7 @@ def test_restart_report_takes_the_published_rows_and_fails_on_a_rolled_back_host
 
 def test_restart_report_names_the_hosts_whose_launch_was_their_first():
     p = events.FleetProgress()
-    note = "first launch: no server ran before this run, so none was interrupted (downtime_s 0.0)"
+    note = "no server ran before this run (a first launch, or the host was down), so none was interrupted (downtime_s 0.0)"
     rows = {h: {"result": "ok", "downtime_s": 0.0, "new_pid": 42, "advice": note} for h in ("gpu-01", "gpu-02")}
     rows["gpu-03"] = {"result": "ok", "downtime_s": 2.5, "old_pid": 7, "new_pid": 43}
     p.handle(_stats({"gpufleet_restart": rows}))

@@ -104,7 +104,7 @@ def test_render_shows_down_and_a_note_per_host_that_is_not_ok():
 
 
 def test_render_names_the_hosts_of_a_first_launch_in_one_line():
-    note = "first launch: no server ran before this run, so none was interrupted (downtime_s 0.0)"
+    note = "no server ran before this run (a first launch, or the host was down), so none was interrupted (downtime_s 0.0)"
     text = cb.render([
         {"host": "h1", "result": "ok", "downtime_s": 0.0, "new_pid": 40, "advice": note},
         {"host": "h2", "result": "ok", "downtime_s": 0.0, "new_pid": 41, "advice": note},
