@@ -178,10 +178,12 @@ def _positive_error(name, value, whole, low, hint):
     return ""
 
 
-# The restart's timeouts, slices and poll intervals: the roles' argument specs validate them only when the role
-# runs, which for the launch, wait and verify roles is after the old server was stopped, and a negative or zero
-# timeout passes those specs and gives up at once (-e sglang_launch_ready_timeout_s=-1 took a serving host down:
-# the launch and the rollback's relaunch both "timed out" after their first probe). name -> (whole number, least).
+# The restart's timeouts, slices, poll intervals and the launch's and verification's numeric settings: the roles'
+# argument specs validate them only when the role runs, which for the launch, wait and verify roles is after the
+# old server was stopped, and a negative or zero timeout passes those specs and gives up at once
+# (-e sglang_launch_ready_timeout_s=-1 took a serving host down: the launch and the rollback's relaunch both
+# "timed out" after their first probe; -e sglang_verify_max_new_tokens=-5 stopped a serving host, and its verify
+# failed on the new server without naming the variable). name -> (whole number, least).
 _TUNABLES = {
     "sglang_launch_ready_timeout_s": (True, 1),
     "sglang_launch_ready_slice_s": (False, 0),
@@ -197,9 +199,28 @@ _TUNABLES = {
     "sglang_verify_request_timeout_s": (True, 1),
     "gpufleet_router_drain_timeout_s": (False, 0),
     "gpufleet_router_ready_timeout_s": (False, 0),
+    "sglang_launch_startup_check_s": (False, 0),
+    "sglang_launch_start_wait_s": (False, 0),
+    "sglang_launch_log_tail_lines": (True, 0),
+    "sglang_launch_systemd_restart_sec": (True, 0),
+    "sglang_verify_max_new_tokens": (True, 1),
+    "sglang_verify_min_workers": (True, 0),
+    "sglang_verify_throughput_requests": (True, 1),
+    "sglang_verify_throughput_concurrency": (True, 1),
+    "sglang_verify_throughput_max_new_tokens": (True, 1),
+    "sglang_verify_min_tokens_per_s": (False, 0),
+    "sglang_verify_max_regression_fraction": (False, 0),
 }
-# Of those, the ones 0 is a meaning for (no grace: SIGKILL at once; no drain wait).
-_MAY_BE_ZERO = ("sglang_stop_grace_s", "gpufleet_router_drain_timeout_s")
+# What a _TUNABLES value counts, where its name's suffix (_s, _ms, _mib) does not say.
+_UNITS = {"sglang_launch_log_tail_lines": "log lines", "sglang_launch_systemd_restart_sec": "seconds",
+          "sglang_verify_max_new_tokens": "tokens", "sglang_verify_min_workers": "worker processes",
+          "sglang_verify_throughput_requests": "requests", "sglang_verify_throughput_concurrency": "requests",
+          "sglang_verify_throughput_max_new_tokens": "tokens", "sglang_verify_min_tokens_per_s": "tokens/s",
+          "sglang_verify_max_regression_fraction": "a fraction of the last good figure (0.3 = 30 %)"}
+# Of those (not whole numbers), the ones 0 is a meaning for (no grace: SIGKILL at once; no drain wait; no
+# startup watch; no tokens/s floor; no drop allowed).
+_MAY_BE_ZERO = ("sglang_stop_grace_s", "gpufleet_router_drain_timeout_s", "sglang_launch_startup_check_s",
+                "sglang_launch_start_wait_s", "sglang_verify_min_tokens_per_s", "sglang_verify_max_regression_fraction")
 # Upper bounds the roles' modules enforce (sglang_stop's poll_interval_ms: 1-100).
 _HIGHEST = {"sglang_stop_poll_interval_ms": 100}
 # Of those, the ones whose role maps an empty value to its default (an unanswered AWX survey question); for the
@@ -209,11 +230,11 @@ _EMPTY_IS_DEFAULT = ("gpufleet_router_drain_timeout_s", "gpufleet_router_ready_t
 
 def _tunable_wanted(name, whole, low):
     """What a _TUNABLES variable takes, in words: 'a whole number of ms (1-100)', 'seconds (more than 0)'."""
+    unit = _UNITS.get(name) or ("MiB" if name.endswith("_mib") else "ms" if name.endswith("_ms") else "seconds")
     if whole:
-        unit = "MiB" if name.endswith("_mib") else "ms" if name.endswith("_ms") else "seconds"
         high = _HIGHEST.get(name)
         return "a whole number of %s (%d%s)" % (unit, low, "-%d" % high if high is not None else " or more")
-    return "seconds (0 or more)" if name in _MAY_BE_ZERO else "seconds (more than 0)"
+    return "%s (%s)" % (unit, "0 or more" if name in _MAY_BE_ZERO else "more than 0")
 
 
 def gpufleet_guard_errors(values, host=None):
@@ -225,8 +246,9 @@ def gpufleet_guard_errors(values, host=None):
     :func:`gpufleet_max_unavailable_error`), ``sglang_port`` (whole number 1-65535),
     ``gpufleet_lock_lease_s`` and the deprecated ``gpufleet_lock_stale_s`` (whole number of seconds ≥ 1),
     ``sglang_verify_throughput`` (a boolean or yes/no/true/false/on/off/1/0), ``target`` (a string: a host,
-    group or pattern), and the restart's timeouts, slices and poll intervals (``_TUNABLES``: a number, whole
-    where the role wants an int, above 0 or at least 1; checked here because their roles run after the stop). ``host`` (str) prefixes each message when given.
+    group or pattern), and the restart's timeouts, slices, poll intervals and the launch's and verification's
+    numeric settings (``_TUNABLES``: a number, whole where the role wants an int, in its range; checked here because
+    their roles run after the stop). ``host`` (str) prefixes each message when given.
     """
     # .get only: ``values`` may be a host's hostvars, whose other entries are templated only when read.
     values = values if values is not None else {}

@@ -128,6 +128,27 @@ def test_a_whole_number_written_with_a_point_passes_where_the_roles_take_it():
     assert run.gpufleet_guard_errors({"sglang_port": "30000.0"})
 
 
+def test_launch_and_verify_numbers_are_checked_before_the_stop_too():
+    # Trial: -e sglang_verify_max_new_tokens=-5 passed preflight, stopped a serving host, and verify failed on the
+    # new server ("answered -1 without generated text") without naming the variable.
+    [message] = run.gpufleet_guard_errors({"sglang_verify_max_new_tokens": -5})
+    assert message.startswith("sglang_verify_max_new_tokens=-5 is out of range (1 or more)"), message
+    assert "a whole number of tokens (1 or more)" in message
+    [message] = run.gpufleet_guard_errors({"sglang_verify_max_regression_fraction": "lots"})
+    assert "not a number" in message and "a fraction of the last good figure" in message
+    for name in ("sglang_verify_throughput_requests", "sglang_verify_throughput_concurrency",
+                 "sglang_verify_throughput_max_new_tokens"):
+        assert run.gpufleet_guard_errors({name: 0}), name
+    assert run.gpufleet_guard_errors({"sglang_launch_log_tail_lines": -1})
+    assert run.gpufleet_guard_errors({"sglang_launch_startup_check_s": -0.5})
+    # 0 means something for these: no RestartSec pause, no tail, no worker count, no floor, no drop allowed,
+    # no startup watch.
+    assert run.gpufleet_guard_errors({"sglang_launch_systemd_restart_sec": 0, "sglang_launch_log_tail_lines": 0,
+                                      "sglang_verify_min_workers": 0, "sglang_verify_min_tokens_per_s": 0,
+                                      "sglang_verify_max_regression_fraction": "0", "sglang_launch_startup_check_s": 0,
+                                      "sglang_launch_start_wait_s": 0.0, "sglang_verify_max_new_tokens": "8"}) == []
+
+
 def test_guard_report_names_hosts_only_when_not_all_are_concerned():
     hostvars = {"h1": {"sglang_port": "x"}, "h2": {"sglang_port": "x"}, "h3": {"sglang_port": 30000}}
     assert run.gpufleet_guard_report(hostvars, ["h1", "h2"]) == [run.gpufleet_guard_errors({"sglang_port": "x"})[0]]
