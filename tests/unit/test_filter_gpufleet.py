@@ -168,6 +168,10 @@ def test_unit_template_stop_timeout_is_the_stop_grace_and_restart_policy_is_boun
     # grace 0 = SIGKILL at once; systemd would read TimeoutStopSec=0 as "never SIGKILL" (systemd.service(5))
     _, unit = _render_unit(_sglang_launch_stop_grace_s=0)
     assert "TimeoutStopSec=1ms" in unit.splitlines()
+    # %g writes an exponent for these, which systemd's time parser refuses (it would keep its default timeout)
+    for grace, text in ((1e-05, "TimeoutStopSec=1ms"), (1e6, "TimeoutStopSec=1000000000ms"), ("0.0004", "TimeoutStopSec=0.0004s")):
+        _, unit = _render_unit(_sglang_launch_stop_grace_s=grace)
+        assert text in unit.splitlines(), (grace, [x for x in unit.splitlines() if "TimeoutStop" in x])
 
 
 def test_unit_template_with_an_api_key_names_the_env_file_and_never_holds_the_key():
