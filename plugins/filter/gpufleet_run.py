@@ -171,10 +171,12 @@ def _positive_error(name, value, whole, low, hint):
         number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
     except ValueError:
         return "%s=%s is not a number; %s" % (name, _show(value), hint)
+    high = _HIGHEST.get(name)
     if number != number or number in (float("inf"), float("-inf")) or number < low or (
-            low == 0 and number <= 0 and name not in _MAY_BE_ZERO):
-        return "%s=%s is out of range (%s); %s" % (
-            name, _show(value), "0 or more" if name in _MAY_BE_ZERO else "more than 0", hint)
+            low == 0 and number <= 0 and name not in _MAY_BE_ZERO) or (high is not None and number > high):
+        return "%s=%s is out of range (%s%s); %s" % (
+            name, _show(value), "0" if name in _MAY_BE_ZERO else "more than 0",
+            (" to %s" % high) if high is not None else (" or more" if name in _MAY_BE_ZERO else ""), hint)
     return ""
 
 
@@ -201,7 +203,7 @@ _TUNABLES = {
     "gpufleet_router_ready_timeout_s": (False, 0),
     "sglang_launch_startup_check_s": (False, 0),
     "sglang_launch_start_wait_s": (False, 0),
-    "sglang_launch_log_tail_lines": (True, 0),
+    "sglang_launch_log_tail_lines": (True, 1),
     "sglang_launch_systemd_restart_sec": (True, 0),
     "sglang_verify_max_new_tokens": (True, 1),
     "sglang_verify_min_workers": (True, 0),
@@ -216,13 +218,14 @@ _UNITS = {"sglang_launch_log_tail_lines": "log lines", "sglang_launch_systemd_re
           "sglang_verify_max_new_tokens": "tokens", "sglang_verify_min_workers": "worker processes",
           "sglang_verify_throughput_requests": "requests", "sglang_verify_throughput_concurrency": "requests",
           "sglang_verify_throughput_max_new_tokens": "tokens", "sglang_verify_min_tokens_per_s": "tokens/s",
-          "sglang_verify_max_regression_fraction": "a fraction of the last good figure (0.3 = 30 %)"}
+          "sglang_verify_max_regression_fraction": "a fraction of the last good figure"}
 # Of those (not whole numbers), the ones 0 is a meaning for (no grace: SIGKILL at once; no drain wait; no
 # startup watch; no tokens/s floor; no drop allowed).
 _MAY_BE_ZERO = ("sglang_stop_grace_s", "gpufleet_router_drain_timeout_s", "sglang_launch_startup_check_s",
                 "sglang_launch_start_wait_s", "sglang_verify_min_tokens_per_s", "sglang_verify_max_regression_fraction")
-# Upper bounds the roles' modules enforce (sglang_stop's poll_interval_ms: 1-100).
-_HIGHEST = {"sglang_stop_poll_interval_ms": 100}
+# Upper bounds the roles' modules enforce (sglang_stop's poll_interval_ms: 1-100), and a fraction's 1 (30 written
+# for 30 % would switch the regression check off without a word).
+_HIGHEST = {"sglang_stop_poll_interval_ms": 100, "sglang_verify_max_regression_fraction": 1}
 # Of those, the ones whose role maps an empty value to its default (an unanswered AWX survey question); for the
 # others an empty value reaches the role's argument spec, which refuses it after the stop.
 _EMPTY_IS_DEFAULT = ("gpufleet_router_drain_timeout_s", "gpufleet_router_ready_timeout_s")
@@ -234,7 +237,9 @@ def _tunable_wanted(name, whole, low):
     if whole:
         high = _HIGHEST.get(name)
         return "a whole number of %s (%d%s)" % (unit, low, "-%d" % high if high is not None else " or more")
-    return "%s (%s)" % (unit, "0 or more" if name in _MAY_BE_ZERO else "more than 0")
+    high = _HIGHEST.get(name)
+    return "%s (%s%s)" % (unit, "0" if name in _MAY_BE_ZERO else "more than 0",
+                          (" to %s" % high) if high is not None else (" or more" if name in _MAY_BE_ZERO else ""))
 
 
 def gpufleet_guard_errors(values, host=None):
@@ -397,8 +402,8 @@ def gpufleet_restart_row(facts):
     (the router's URL when the run took the host out of its pool and did not put it back, else null);
     ``router_worker_url`` (the worker URL that run removed, for the advice to add it back by hand);
     ``ran_before`` (preflight's check-mode stop: whether an SGLang server or leftover ran on the host when the run
-    began; false makes a failure before the stop say the host serves nothing instead of "the old server still
-    serves"; null when unknown).
+    began; false makes a failure before the stop say that none ran instead of "the old server still serves"; null
+    when unknown).
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
     ``advice`` (what to do next; on a row that is ok, only a note: "no server ran before this run ..." when
@@ -451,7 +456,7 @@ def gpufleet_restart_row(facts):
         elif rb_state in ("failed", "file_only", "relaunched_loading"):
             serving = False
         else:
-            serving = ready_at is not None or (not stopped and not nothing_ran)
+            serving = ready_at is not None or not stopped
     if stopped:
         if not was_serving:
             row["downtime_s"] = 0.0  # nothing served before this run: no service was interrupted
@@ -465,9 +470,9 @@ def gpufleet_restart_row(facts):
         row["still_down"] = bool(was_serving and not serving) or (not serving and failed)
     if failed:
         if not stopped and nothing_ran and not check:
-            row["still_down"] = True
-            row["advice"] = ("nothing was stopped, and no SGLang server was running on this host when the run began: "
-                             "it serves nothing. Fix the cause, then %s" % rerun)
+            row["advice"] = ("nothing was stopped, and no SGLang server ran on this host when the run began "
+                             "(preflight saw none), so it most likely serves nothing (playbooks/check.yml shows its "
+                             "state): fix the cause, then %s" % rerun)
         elif not stopped:
             row["advice"] = ("nothing was stopped%s: fix the cause, then %s"
                              % ("" if check else ": the old server still serves", rerun))

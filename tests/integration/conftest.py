@@ -109,9 +109,10 @@ class Lab:
         merged.update(self._host_vars[host])
         return merged
 
-    def launch_args_expr(self, extra):
+    def launch_args_expr(self, extra, only=None):
         """A Jinja expression for the extra var ``sglang_launch_args``: every host's own launch args (paths under
-        its ``lab_host_dir``) plus ``extra`` (an extra var is one value for all hosts; their paths differ)."""
+        its ``lab_host_dir``) plus ``extra`` (an extra var is one value for all hosts; their paths differ); with
+        ``only`` (a host name), ``extra`` for that host alone."""
         first = self.host_vars(self.hosts[0])
         home = first["lab_host_dir"]
         parts = []
@@ -120,6 +121,9 @@ class Lab:
                 parts.append("%s: lab_host_dir ~ %s" % (json.dumps(key), json.dumps(value[len(home):])))
             else:
                 parts.append("%s: %s" % (json.dumps(key), json.dumps(value)))
+        if only is not None:
+            return "{{ {%s} | combine(%s if inventory_hostname == %s else {}) }}" % (
+                ", ".join(parts), json.dumps(extra), json.dumps(only))
         return "{{ {%s} | combine(%s) }}" % (", ".join(parts), json.dumps(extra))
 
     def _entry(self, host):

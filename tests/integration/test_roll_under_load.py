@@ -154,3 +154,24 @@ def test_a_host_down_and_out_of_the_pool_is_brought_back_by_a_plain_rerun(lab, r
     assert "ok: no server ran before this run" in line, line
     assert lab.wait_http(host, timeout_s=10) == 200 and server_pid(lab, host) not in (None, old_pid)
     assert pool(router["url"]).get(url, (None, False))[1] is True, pool(router["url"])
+
+
+def test_a_refused_drain_probe_while_the_old_server_runs_elsewhere_stops_nothing(lab, router):
+    """-e sglang_port=30001 behind the router: this run's worker URL and drain probe name a port nothing listens
+    on, while the old server serves the router on 30000. A refused probe must not pass for "nothing in flight"
+    there: the run fails before the stop, names the running server, and the pool is as it was."""
+    host = router["hosts"][2]
+    old_pid = server_pid(lab, host)
+    before = pool(router["url"])
+    runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(
+        FAST, gpufleet_router_url=router["url"], sglang_port=30001, gpufleet_router_drain_timeout_s=30))
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-4000:]
+    failed = " ".join(d["res"].get("msg", "") for d in lab.events(runner, "runner_on_failed") if d["host"] == host)
+    assert "was refused, but SGLang processes run" in failed and "sglang_port" in failed, failed
+    assert "main pid %d" % old_pid in failed, failed
+    assert server_pid(lab, host) == old_pid and lab.wait_http(host, timeout_s=5) == 200
+    assert not lab.events(runner, "runner_on_ok", "sglang_stop") or all(
+        e["ended"] == "would signal" for d in lab.events(runner, "runner_on_ok", "sglang_stop")
+        for e in d["res"].get("signalled", []))
+    assert pool(router["url"]) == before  # nothing removed, nothing added

@@ -139,11 +139,15 @@ def test_launch_and_verify_numbers_are_checked_before_the_stop_too():
     for name in ("sglang_verify_throughput_requests", "sglang_verify_throughput_concurrency",
                  "sglang_verify_throughput_max_new_tokens"):
         assert run.gpufleet_guard_errors({name: 0}), name
-    assert run.gpufleet_guard_errors({"sglang_launch_log_tail_lines": -1})
+    # 0 lines would show the whole tail ([-0:] is everything)
+    assert run.gpufleet_guard_errors({"sglang_launch_log_tail_lines": 0})
     assert run.gpufleet_guard_errors({"sglang_launch_startup_check_s": -0.5})
-    # 0 means something for these: no RestartSec pause, no tail, no worker count, no floor, no drop allowed,
-    # no startup watch.
-    assert run.gpufleet_guard_errors({"sglang_launch_systemd_restart_sec": 0, "sglang_launch_log_tail_lines": 0,
+    # a fraction: 30 meant as 30 % would switch the regression check off
+    [message] = run.gpufleet_guard_errors({"sglang_verify_max_regression_fraction": 30})
+    assert "out of range (0 to 1)" in message, message
+    # 0 means something for these: no RestartSec pause, no worker count, no floor, no drop allowed, no startup
+    # watch.
+    assert run.gpufleet_guard_errors({"sglang_launch_systemd_restart_sec": 0, "sglang_launch_log_tail_lines": 1,
                                       "sglang_verify_min_workers": 0, "sglang_verify_min_tokens_per_s": 0,
                                       "sglang_verify_max_regression_fraction": "0", "sglang_launch_startup_check_s": 0,
                                       "sglang_launch_start_wait_s": 0.0, "sglang_verify_max_new_tokens": "8"}) == []
@@ -203,19 +207,19 @@ def test_first_launch_says_so_instead_of_passing_for_an_instant_restart():
     assert run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, new_pid=None))["advice"] is None
 
 
-def test_a_failure_before_the_stop_on_a_host_where_nothing_ran_says_it_serves_nothing():
+def test_a_failure_before_the_stop_on_a_host_where_nothing_ran_says_none_ran():
     # A rerun after a failed run left the host down: the router drain (or the patch) fails before any stop; the
     # advice said "nothing was stopped: the old server still serves" while no server ran.
     facts = dict(host="h1", now=1100.0, failed_phase="stop", failed_cause="/v1/loads answered -1",
                  rollback={"state": "not_needed", "detail": "x"})
     row = run.gpufleet_restart_row(dict(facts, ran_before=False))
-    assert row["advice"].startswith("nothing was stopped, and no SGLang server was running on this host when the "
-                                    "run began: it serves nothing"), row["advice"]
-    assert row["still_down"] is True and "still serves" not in row["advice"]
+    assert row["advice"].startswith("nothing was stopped, and no SGLang server ran on this host when the run began "
+                                    "(preflight saw none), so it most likely serves nothing"), row["advice"]
+    assert "still serves" not in row["advice"] and "\n" not in row["advice"]
     for known in (True, None):  # a server ran, or preflight could not tell: as before
         assert "the old server still serves" in run.gpufleet_restart_row(dict(facts, ran_before=known))["advice"]
     # --check changes nothing and says nothing about serving
-    assert "serves nothing" not in run.gpufleet_restart_row(dict(facts, ran_before=False, check_mode=True))["advice"]
+    assert "preflight saw none" not in run.gpufleet_restart_row(dict(facts, ran_before=False, check_mode=True))["advice"]
 
 
 def test_after_a_rollback_new_pid_is_the_relaunched_server_not_the_failed_one():
