@@ -234,10 +234,9 @@ _EMPTY_IS_DEFAULT = ("gpufleet_router_drain_timeout_s", "gpufleet_router_ready_t
 def _tunable_wanted(name, whole, low):
     """What a _TUNABLES variable takes, in words: 'a whole number of ms (1-100)', 'seconds (more than 0)'."""
     unit = _UNITS.get(name) or ("MiB" if name.endswith("_mib") else "ms" if name.endswith("_ms") else "seconds")
-    if whole:
-        high = _HIGHEST.get(name)
-        return "a whole number of %s (%d%s)" % (unit, low, "-%d" % high if high is not None else " or more")
     high = _HIGHEST.get(name)
+    if whole:
+        return "a whole number of %s (%d%s)" % (unit, low, "-%d" % high if high is not None else " or more")
     return "%s (%s%s)" % (unit, "0" if name in _MAY_BE_ZERO else "more than 0",
                           (" to %s" % high) if high is not None else (" or more" if name in _MAY_BE_ZERO else ""))
 
