@@ -27,6 +27,7 @@ default.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 _INT = re.compile(r"^\s*[0-9]+\s*$")
 _PCT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
@@ -241,6 +242,39 @@ def _tunable_wanted(name, whole, low):
                           (" to %s" % high) if high is not None else (" or more" if name in _MAY_BE_ZERO else ""))
 
 
+def _launch_sizes(args):
+    """tp-size × pp-size × dp-size of an ``sglang_launch_args`` mapping (each 1 when unset; ``tp``/``dp`` are
+    SGLang's short spellings): an upper bound of the GPU worker processes the server starts (with
+    --enable-dp-attention the dp ranks share the tp ones, so fewer). None when the mapping or a size cannot be read."""
+    if not isinstance(args, Mapping):
+        return None
+    product = 1
+    for names in (("tp-size", "tp"), ("pp-size",), ("dp-size", "dp")):
+        value = next((args[n] for n in names if not gpufleet_unset(args.get(n))), 1)
+        try:
+            size = int(str(value).strip())
+        except (TypeError, ValueError):
+            return None  # the launch role's own checks name a size that is not a number
+        product *= max(size, 1)
+    return product
+
+
+def _min_workers_error(values):
+    """Why ``sglang_verify_min_workers`` can never be met ('' when it can): more than tp-size × pp-size × dp-size
+    worker processes of ``sglang_launch_args``. Such a value passed the guard and failed every verify on a healthy
+    new server, after the stop (an outage, then a rollback)."""
+    wanted, bound = values.get("sglang_verify_min_workers"), _launch_sizes(values.get("sglang_launch_args"))
+    if gpufleet_unset(wanted) or bound is None or _positive_error("sglang_verify_min_workers", wanted, True, 0, ""):
+        return ""  # unset, unreadable launch args, or a value the tunables check already refuses
+    text = str(wanted).strip()
+    number = int(wanted) if isinstance(wanted, (int, float)) else int(float(text))
+    if number <= bound:
+        return ""
+    return ("sglang_verify_min_workers=%s is more than the %d GPU worker processes the server starts (tp-size × "
+            "pp-size × dp-size of sglang_launch_args), so the verification of a healthy server would fail; give "
+            "%d or less, or do not set it for tp-size × pp-size" % (_show(wanted), bound, bound))
+
+
 def gpufleet_guard_errors(values, host=None):
     """Type errors of the survey variables in ``values`` (mapping variable name → value, e.g. a host's
     ``hostvars[host]``), each naming the
@@ -252,7 +286,8 @@ def gpufleet_guard_errors(values, host=None):
     ``sglang_verify_throughput`` (a boolean or yes/no/true/false/on/off/1/0), ``target`` (a string: a host,
     group or pattern), and the restart's timeouts, slices, poll intervals and the launch's and verification's
     numeric settings (``_TUNABLES``: a number, whole where the role wants an int, in its range; checked here because
-    their roles run after the stop). ``host`` (str) prefixes each message when given.
+    their roles run after the stop), and ``sglang_verify_min_workers`` against the worker processes
+    ``sglang_launch_args`` starts (see :func:`_min_workers_error`). ``host`` (str) prefixes each message when given.
     """
     # .get only: ``values`` may be a host's hostvars, whose other entries are templated only when read.
     values = values if values is not None else {}
@@ -286,6 +321,9 @@ def gpufleet_guard_errors(values, host=None):
                                       % _tunable_wanted(name, whole, low))
             if problem:
                 errors.append(problem)
+    workers = _min_workers_error(values)
+    if workers:
+        errors.append(workers)
     throughput = values.get("sglang_verify_throughput")
     if not gpufleet_unset(throughput) and not isinstance(throughput, bool) and \
             str(throughput).strip().lower() not in _BOOL_WORDS:

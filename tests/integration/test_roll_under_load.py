@@ -112,16 +112,23 @@ def test_a_failed_restart_puts_the_old_server_back_into_the_pool(lab, router):
     assert server_pid(lab, host) not in (None, old_pid)
 
 
-def test_a_loopback_worker_url_is_refused_before_the_host_leaves_the_pool(lab, router):
-    """gpufleet_router_worker_url on 127.0.0.1 names the router's own machine: refused, nothing stopped or removed."""
+@pytest.mark.parametrize("spelling", ["loopback", "trailing slash"])
+def test_a_loopback_or_misspelt_worker_url_is_refused_before_the_host_leaves_the_pool(lab, router, spelling):
+    """gpufleet_router_worker_url on 127.0.0.1 names the router's own machine; with a trailing slash (or any path)
+    it matches no entry of the router's list, which names workers as scheme://host:port: the run took the host for
+    "not in the pool", stopped its server while the router kept sending it requests, and then added a second entry.
+    Both are refused: nothing stopped or removed."""
     host = router["hosts"][0]
     pid = server_pid(lab, host)
     before = pool(router["url"])
+    url = "http://127.0.0.1:30000" if spelling == "loopback" else worker_url(lab, host) + "/"
+    assert spelling == "loopback" or url[:-1] in before, before
     runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(FAST, gpufleet_router_url=router["url"],
-                                                                   gpufleet_router_worker_url="http://127.0.0.1:30000"))
+                                                                   gpufleet_router_worker_url=url))
     assert runner.status == "failed"
     out = stdout_of(runner)
-    assert "not a loopback" in out and "Nothing was changed" in out, out[-3000:]
+    assert ("not a loopback" if spelling == "loopback" else "no path and no trailing slash") in out, out[-3000:]
+    assert "Nothing was changed" in out, out[-3000:]
     assert server_pid(lab, host) == pid and lab.wait_http(host, timeout_s=2) == 200
     assert pool(router["url"]) == before
 

@@ -343,8 +343,9 @@ def test_a_rollback_wait_that_loses_the_lock_reports_what_the_relaunched_server_
         deadline, relaunched = time.time() + 120, None
         while time.time() < deadline and relaunched is None:
             pid = server_pid(lab, host)
-            if pid and pid != before_pid and alive(lab, host, pid) and "--max-running-requests" not in cmdline(
-                    lab, host, pid):
+            # An empty cmdline is a process that exited between the two reads (the crashing server), not a relaunch.
+            argv = cmdline(lab, host, pid) if pid and pid != before_pid and alive(lab, host, pid) else ""
+            if "--model-path" in argv and "--max-running-requests" not in argv:
                 relaunched = pid
             time.sleep(0.2)
         assert relaunched, "no relaunch seen"

@@ -153,6 +153,24 @@ def test_launch_and_verify_numbers_are_checked_before_the_stop_too():
                                       "sglang_launch_start_wait_s": 0.0, "sglang_verify_max_new_tokens": "8"}) == []
 
 
+def test_guard_refuses_more_min_workers_than_the_launch_args_start():
+    """1e3 (or 9 with tp 8) passed the guard and failed verify on a healthy new server: an outage and a rollback."""
+    tp8 = {"tp-size": 8, "model-path": "/m"}
+    [message] = run.gpufleet_guard_errors({"sglang_verify_min_workers": "1e3", "sglang_launch_args": tp8})
+    assert message.startswith("sglang_verify_min_workers='1e3' is more than the 8 GPU worker processes"), message
+    assert "give 8 or less" in message
+    assert run.gpufleet_guard_errors({"sglang_verify_min_workers": 9, "sglang_launch_args": tp8})
+    # the bound is tp × pp × dp, each size under either spelling; at the bound or without launch args it passes
+    for args, fine in (({"tp": 8, "pp-size": 2}, 16), ({"tp-size": "4", "dp-size": 2}, 8), ({"dp": 3}, 3),
+                       ({}, 1), ({"tp-size": None}, 1)):
+        assert run.gpufleet_guard_errors({"sglang_verify_min_workers": fine, "sglang_launch_args": args}) == [], args
+        assert run.gpufleet_guard_errors({"sglang_verify_min_workers": fine + 1, "sglang_launch_args": args}), args
+    assert run.gpufleet_guard_errors({"sglang_verify_min_workers": 64}) == []
+    assert run.gpufleet_guard_errors({"sglang_verify_min_workers": 64, "sglang_launch_args": {"tp-size": "x"}}) == []
+    # a value the tunables check refuses is named once
+    assert len(run.gpufleet_guard_errors({"sglang_verify_min_workers": -1, "sglang_launch_args": tp8})) == 1
+
+
 def test_guard_report_names_hosts_only_when_not_all_are_concerned():
     hostvars = {"h1": {"sglang_port": "x"}, "h2": {"sglang_port": "x"}, "h3": {"sglang_port": 30000}}
     assert run.gpufleet_guard_report(hostvars, ["h1", "h2"]) == [run.gpufleet_guard_errors({"sglang_port": "x"})[0]]
