@@ -440,7 +440,8 @@ def gpufleet_restart_row(facts):
     ``router_worker_url`` (the worker URL that run removed, for the advice to add it back by hand);
     ``ran_before`` (preflight's check-mode stop: whether an SGLang server or leftover ran on the host when the run
     began; false makes a failure before the stop say that none ran instead of "the old server still serves"; null
-    when unknown).
+    when unknown); ``running_pid`` (the server's main pid that preflight's check-mode stop found: the row's
+    ``old_pid`` when this run stopped nothing, e.g. a failure before the stop or ``--check``).
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
     ``advice`` (what to do next; on a row that is ok, only a note: "no server ran before this run ..." when
@@ -541,7 +542,8 @@ def gpufleet_restart_row(facts):
     row["tokens_per_s"] = _num(f.get("tokens_per_s"))
     nccl = f.get("nccl_ok")
     row["nccl"] = None if nccl is None or check else ("ok" if str(nccl).lower() in ("true", "1", "yes") else "fail")
-    row["old_pid"] = old_pid
+    # Nothing stopped (a failure before the stop, --check): the server that still runs is the one preflight found.
+    row["old_pid"] = old_pid if old_pid is not None or stopped else _pid(f.get("running_pid"))
     # After a rollback the pid that serves (or loads) is the relaunched previous server's, not the failed one's.
     rb_pid = _pid((rollback or {}).get("pid")) if rb_state in ("rolled_back", "relaunched_loading") else None
     row["new_pid"] = None if check else (rb_pid or _pid(f.get("new_pid")))

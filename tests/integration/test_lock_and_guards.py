@@ -155,7 +155,7 @@ def test_unlock_shows_the_holder_and_removes_the_lock(lab):
         assert owner_record(lab, host) is not None
 
         removed = lab.run_playbook("playbooks/unlock.yml", extravars={"target": host})
-        assert removed.status == "successful"
+        assert removed.status == "successful", stdout_of(removed)[-3000:]
         [said] = [d["res"]["msg"] for d in lab.events(removed, "runner_on_ok", "debug") if d["host"] == host]
         assert said.startswith("removed the lock of run awx-4711 from awx-job-4711-x2f")
         assert lab.exec(host, ["test", "-e", lock_dir(lab, host)]).returncode == 1

@@ -295,6 +295,15 @@ def test_failure_before_the_stop_says_the_old_server_still_serves():
     row = run.gpufleet_restart_row({"host": "h1", "failed_phase": "stop", "failed_msg": "boom",
                                     "rollback": {"state": "not_needed", "detail": "x"}})
     assert row["result"] == "failed" and row["downtime_s"] is None and "still serves" in row["advice"]
+    # old_pid names the server that still serves (preflight's check-mode stop found it); it showed "-"
+    assert row["old_pid"] is None
+    facts = {"host": "h1", "failed_phase": "patch", "failed_msg": "boom", "running_pid": "4242"}
+    assert run.gpufleet_restart_row(facts)["old_pid"] == 4242
+    assert run.gpufleet_restart_row(dict(facts, check_mode=True, failed_phase=None, failed_msg=None))["old_pid"] == 4242
+    # once this run stopped something, old_pid is the stopped server's (or none), never preflight's
+    stopped = dict(facts, stop_started_epoch=1000.0, now=1010.0)
+    assert run.gpufleet_restart_row(dict(stopped, stop_old_pid=77))["old_pid"] == 77
+    assert run.gpufleet_restart_row(stopped)["old_pid"] is None
 
 
 def test_cause_falls_back_to_the_whole_message_when_its_first_line_only_introduces_it():
