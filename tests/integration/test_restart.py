@@ -162,6 +162,10 @@ def test_check_mode_changes_nothing(lab):
     stops = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_stop")}
     assert all(any(e["pid"] == before[h] and e["ended"] == "would signal" for e in stops[h]["signalled"])
                for h in lab.hosts)
+    # the summary names the server that keeps serving, and no new one
+    rows = [d for d in lab.events(runner, "playbook_on_stats")][-1]["artifact_data"]["gpufleet_restart"]
+    assert {h: (r["result"], r["old_pid"], r["new_pid"]) for h, r in rows.items()} == {
+        h: ("check", before[h], None) for h in lab.hosts}, rows
 
 
 @pytest.mark.lab_only_once
