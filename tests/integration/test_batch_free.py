@@ -1,4 +1,5 @@
-"""restart.yml's rolling play under plugins/strategy/gpufleet_batch_free.py, against the lab over real SSH.
+"""restart.yml's rolling play (Ansible's free strategy inside a serial batch, and its "Stop the roll after a failed
+host" gate), against the lab over real SSH.
 
 Inside a batch each host goes through its phases on its own: with one host of a batch of 2 made slow to load
 (lab fault ``slow_load_s``), the fast host is verified and done while the slow one is still waiting for its
@@ -88,9 +89,16 @@ def test_a_failed_host_in_batch_1_lets_its_batch_mate_finish_and_batch_2_never_s
         assert rows[mate]["result"] == "ok" and server_pid(lab, mate) != before[mate]
         for host in later:
             assert rows[host]["result"] == "not_started" and bad in rows[host]["cause"], rows[host]
-            assert rolling(list(runner.events), "runner_on_ok", host, "sglang_stop") == []
+            events = list(runner.events)
+            # not even the lock was taken: the gate ended the host before its first module ran
+            assert rolling(events, "runner_on_ok", host, "gpufleet_lock") == []
+            assert rolling(events, "runner_on_ok", host, "sglang_stop") == []
             assert server_pid(lab, host) == before[host], "batch 2 must not be touched"
-        assert "gpufleet_batch_free: 1 of 2 hosts of this batch failed (%s)" % bad in out
+            [said] = [events[i]["event_data"]["res"]["msg"] for i in rolling(events, "runner_on_ok", host, "debug")]
+            assert said.startswith("not started: the rolling restart stopped at %s (rolled_back)" % bad), said
+            assert lab.exec(host, ["test", "-e", "%s/restart.lock" % lab.host_vars(host)["sglang_state_dir"]]
+                            ).returncode == 1
+        assert "max_fail_percentage with the free strategy is not supported" not in out
     finally:
         lab.clear_faults(bad)
     ensure_serving(lab, [bad])
