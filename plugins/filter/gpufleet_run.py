@@ -242,17 +242,31 @@ def _tunable_wanted(name, whole, low):
                           (" to %s" % high) if high is not None else (" or more" if name in _MAY_BE_ZERO else ""))
 
 
+# SGLang's spellings of the parallel sizes (launch-arg keys, without the dashes).
+_SIZE_FLAGS = (("tp-size", "tensor-parallel-size", "tp"), ("pp-size", "pipeline-parallel-size"),
+               ("dp-size", "data-parallel-size", "dp"))
+
+
 def _launch_sizes(args):
-    """tp-size × pp-size × dp-size of an ``sglang_launch_args`` mapping (each 1 when unset; ``tp``/``dp`` are
-    SGLang's short spellings): an upper bound of the GPU worker processes the server starts (with
-    --enable-dp-attention the dp ranks share the tp ones, so fewer). None when the mapping or a size cannot be read."""
+    """tp-size × pp-size × dp-size of an ``sglang_launch_args`` mapping (each 1 when unset; every spelling SGLang
+    takes: --tp-size/--tensor-parallel-size/--tp, --pp-size/--pipeline-parallel-size, --dp-size/
+    --data-parallel-size/--dp): an upper bound of the GPU worker processes the server starts (with
+    --enable-dp-attention the dp ranks share the tp ones, so fewer). None when it cannot be known here: not a
+    mapping, a size that is no whole number, or a key that abbreviates a size flag (argparse takes a unique
+    prefix; which one is unique depends on the release, which preflight knows and this guard does not)."""
     if not isinstance(args, Mapping):
         return None
     product = 1
-    for names in (("tp-size", "tp"), ("pp-size",), ("dp-size", "dp")):
-        value = next((args[n] for n in names if not gpufleet_unset(args.get(n))), 1)
+    keys = [str(k).lstrip("-").replace("_", "-") for k in args]
+    names = [n for group in _SIZE_FLAGS for n in group]
+    if any(k not in names and any(n.startswith(k) for n in names) for k in keys if k):
+        return None
+    for group in _SIZE_FLAGS:
+        values = [v for k, v in zip(keys, args.values()) if k in group and not gpufleet_unset(v)]
+        if len(values) > 1:
+            return None  # two spellings of one size: preflight names the conflict
         try:
-            size = int(str(value).strip())
+            size = int(str(values[0]).strip()) if values else 1
         except (TypeError, ValueError):
             return None  # the launch role's own checks name a size that is not a number
         product *= max(size, 1)
@@ -262,13 +276,17 @@ def _launch_sizes(args):
 def _min_workers_error(values):
     """Why ``sglang_verify_min_workers`` can never be met ('' when it can): more than tp-size × pp-size × dp-size
     worker processes of ``sglang_launch_args``. Such a value passed the guard and failed every verify on a healthy
-    new server, after the stop (an outage, then a rollback)."""
-    wanted, bound = values.get("sglang_verify_min_workers"), _launch_sizes(values.get("sglang_launch_args"))
-    if gpufleet_unset(wanted) or bound is None or _positive_error("sglang_verify_min_workers", wanted, True, 0, ""):
-        return ""  # unset, unreadable launch args, or a value the tunables check already refuses
-    text = str(wanted).strip()
-    number = int(wanted) if isinstance(wanted, (int, float)) else int(float(text))
-    if number <= bound:
+    new server, after the stop (an outage, then a rollback). '' too when either cannot be read here."""
+    wanted = values.get("sglang_verify_min_workers")
+    if gpufleet_unset(wanted) or _positive_error("sglang_verify_min_workers", wanted, True, 0, ""):
+        return ""  # unset, or a value the tunables check already refuses
+    try:
+        bound = _launch_sizes(values.get("sglang_launch_args"))
+        text = str(wanted).strip()
+        number = int(wanted) if isinstance(wanted, (int, float)) else int(text) if _INT.match(text) else int(float(text))
+    except Exception:  # noqa: BLE001 - a launch arg that cannot be templated here is preflight's to name
+        return ""
+    if bound is None or number <= bound:
         return ""
     return ("sglang_verify_min_workers=%s is more than the %d GPU worker processes the server starts (tp-size × "
             "pp-size × dp-size of sglang_launch_args), so the verification of a healthy server would fail; give "

@@ -166,6 +166,14 @@ def test_guard_refuses_more_min_workers_than_the_launch_args_start():
         assert run.gpufleet_guard_errors({"sglang_verify_min_workers": fine, "sglang_launch_args": args}) == [], args
         assert run.gpufleet_guard_errors({"sglang_verify_min_workers": fine + 1, "sglang_launch_args": args}), args
     assert run.gpufleet_guard_errors({"sglang_verify_min_workers": 64}) == []
+    # SGLang's long spellings count; an abbreviation of a size flag (argparse resolves it per release) or two
+    # spellings of one size leave the bound unknown: no refusal of a setup that may be right
+    for args in ({"tensor-parallel-size": 8}, {"tp-size": 4, "data-parallel-size": 2}, {"pipeline_parallel_size": 8}):
+        assert run.gpufleet_guard_errors({"sglang_verify_min_workers": 8, "sglang_launch_args": args}) == [], args
+        assert run.gpufleet_guard_errors({"sglang_verify_min_workers": 9, "sglang_launch_args": args}), args
+    for args in ({"tp-si": 8}, {"tensor-p": 8}, {"d": 2}, {"tp": 2, "tp-size": 2}):
+        assert run.gpufleet_guard_errors({"sglang_verify_min_workers": 16, "sglang_launch_args": args}) == [], args
+    assert run.gpufleet_guard_errors({"sglang_verify_min_workers": "9" * 400, "sglang_launch_args": tp8})
     assert run.gpufleet_guard_errors({"sglang_verify_min_workers": 64, "sglang_launch_args": {"tp-size": "x"}}) == []
     # a value the tunables check refuses is named once
     assert len(run.gpufleet_guard_errors({"sglang_verify_min_workers": -1, "sglang_launch_args": tp8})) == 1
