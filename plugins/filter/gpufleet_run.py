@@ -248,29 +248,35 @@ _SIZE_FLAGS = (("tp-size", "tensor-parallel-size", "tp"), ("pp-size", "pipeline-
 
 
 def _launch_sizes(args):
-    """tp-size × pp-size × dp-size of an ``sglang_launch_args`` mapping (each 1 when unset; every spelling SGLang
-    takes: --tp-size/--tensor-parallel-size/--tp, --pp-size/--pipeline-parallel-size, --dp-size/
-    --data-parallel-size/--dp): an upper bound of the GPU worker processes the server starts (with
-    --enable-dp-attention the dp ranks share the tp ones, so fewer). None when it cannot be known here: not a
-    mapping, a size that is no whole number, or a key that abbreviates a size flag (argparse takes a unique
-    prefix; which one is unique depends on the release, which preflight knows and this guard does not)."""
+    """(tp, pp, dp) sizes of an ``sglang_launch_args`` mapping (each 1 when unset; every spelling SGLang takes:
+    --tp-size/--tensor-parallel-size/--tp, --pp-size/--pipeline-parallel-size, --dp-size/--data-parallel-size/
+    --dp). None when they cannot be known here: not a mapping, a size that is no whole number, two spellings of
+    one size, or a key that abbreviates a size flag (argparse takes a unique prefix; which one is unique depends
+    on the release, which preflight knows and this filter does not)."""
     if not isinstance(args, Mapping):
         return None
-    product = 1
     keys = [str(k).lstrip("-").replace("_", "-") for k in args]
     names = [n for group in _SIZE_FLAGS for n in group]
     if any(k not in names and any(n.startswith(k) for n in names) for k in keys if k):
         return None
+    sizes = []
     for group in _SIZE_FLAGS:
         values = [v for k, v in zip(keys, args.values()) if k in group and not gpufleet_unset(v)]
         if len(values) > 1:
             return None  # two spellings of one size: preflight names the conflict
         try:
-            size = int(str(values[0]).strip()) if values else 1
+            sizes.append(max(int(str(values[0]).strip()), 1) if values else 1)
         except (TypeError, ValueError):
             return None  # the launch role's own checks name a size that is not a number
-        product *= max(size, 1)
-    return product
+    return tuple(sizes)
+
+
+def gpufleet_tp_pp_size(args):
+    """tp-size × pp-size of ``sglang_launch_args`` (any SGLang spelling; see :func:`_launch_sizes`): the GPU
+    worker processes one server starts without data parallelism, sglang_verify_min_workers' default. 1 when the
+    sizes cannot be read here."""
+    sizes = _launch_sizes(args)
+    return sizes[0] * sizes[1] if sizes else 1
 
 
 def _min_workers_error(values):
@@ -281,7 +287,8 @@ def _min_workers_error(values):
     if gpufleet_unset(wanted) or _positive_error("sglang_verify_min_workers", wanted, True, 0, ""):
         return ""  # unset, or a value the tunables check already refuses
     try:
-        bound = _launch_sizes(values.get("sglang_launch_args"))
+        sizes = _launch_sizes(values.get("sglang_launch_args"))
+        bound = sizes[0] * sizes[1] * sizes[2] if sizes else None
         text = str(wanted).strip()
         number = int(wanted) if isinstance(wanted, (int, float)) else int(text) if _INT.match(text) else int(float(text))
     except Exception:  # noqa: BLE001 - a launch arg that cannot be templated here is preflight's to name
@@ -618,6 +625,7 @@ class FilterModule(object):
             "gpufleet_batch_size": gpufleet_batch_size,
             "gpufleet_capacity_error": gpufleet_capacity_error,
             "gpufleet_guard_errors": gpufleet_guard_errors,
+            "gpufleet_tp_pp_size": gpufleet_tp_pp_size,
             "gpufleet_guard_report": gpufleet_guard_report,
             "gpufleet_rows": gpufleet_rows,
             "gpufleet_restart_row": gpufleet_restart_row,

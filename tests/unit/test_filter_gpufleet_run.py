@@ -179,6 +179,15 @@ def test_guard_refuses_more_min_workers_than_the_launch_args_start():
     assert len(run.gpufleet_guard_errors({"sglang_verify_min_workers": -1, "sglang_launch_args": tp8})) == 1
 
 
+def test_tp_pp_size_reads_every_spelling_and_falls_back_to_one():
+    """sglang_verify_min_workers' default: with tensor-parallel-size 8 it was 1 (only tp-size and tp were read)."""
+    for args, want in (({"tp-size": 8}, 8), ({"tensor-parallel-size": 8}, 8), ({"tp": "4", "pp-size": 2}, 8),
+                       ({"--pipeline_parallel_size": 2, "tp-size": 4, "dp-size": 2}, 8), ({}, 1),
+                       ({"model-path": "/m"}, 1), ({"tp-size": None}, 1), ({"tp-size": 0}, 1),
+                       ({"tp-si": 8}, 1), ({"tp": 8, "tp-size": 4}, 1), ({"tp-size": "x"}, 1), (None, 1), ("8", 1)):
+        assert run.gpufleet_tp_pp_size(args) == want, args
+
+
 def test_guard_report_names_hosts_only_when_not_all_are_concerned():
     hostvars = {"h1": {"sglang_port": "x"}, "h2": {"sglang_port": "x"}, "h3": {"sglang_port": 30000}}
     assert run.gpufleet_guard_report(hostvars, ["h1", "h2"]) == [run.gpufleet_guard_errors({"sglang_port": "x"})[0]]
