@@ -248,7 +248,10 @@ def test_ssh_lost_during_launch_is_unreachable_with_what_the_host_may_be_doing(l
         while time.time() < deadline:
             pid = server_pid(lab, host)
             if pid and pid != before and owner_record(lab, host):
-                time.sleep(3)
+                # Into the launch phase's readiness wait (the load takes 25 s): the stop starts the new server, and
+                # the wait phase's controller tasks come before the launch phase; 3 s landed in the wait phase once
+                # on a loaded CI machine.
+                time.sleep(8)
                 # The listener and every sshd process serving a connection die (the commands they ran stay).
                 code = ("import psutil, sys\n"
                         "top = psutil.Process(int(sys.argv[1]))\n"

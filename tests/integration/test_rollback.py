@@ -370,11 +370,15 @@ def test_verify_failing_stops_the_new_server_and_rolls_back(lab):
     host = lab.hosts[1 % len(lab.hosts)]
     before_pid = ensure_serving(lab, host)
     before_sha, record = engine_sha(lab, host), launch_record(lab, host)
-    # The new server comes up, then verification fails (more workers demanded than tp-size 8 gives).
-    runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(changed_config(lab, host), sglang_verify_min_workers=99))
+    # The new server comes up, then verification fails: its workers lack an NCCL value verify is told to expect
+    # (more workers than tp-size 8 gives, the earlier trigger, is now refused by the guard before the stop).
+    config = changed_config(lab, host)
+    runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(
+        config, sglang_verify_nccl_env=dict(config["sglang_nccl_env"], NCCL_IB_DISABLE="1")))
     out = stdout_of(runner)
     assert runner.status == "failed", out[-4000:]
     assert facts(lab, runner, host, "_gpufleet_failed_phase") == "verify"
+    assert "Workers without the configured NCCL values" in out, out[-4000:]
     new_pid = [d for d in lab.events(runner, "runner_on_ok", "sglang_process") if d["host"] == host][0]["res"]["pid"]
     rollback = facts(lab, runner, host, "_gpufleet_rollback")
     assert rollback["state"] == "rolled_back", rollback
