@@ -31,6 +31,15 @@ description:
     so Ansible prints a line per slice. It fails at once when the server died (exit code, this launch's log
     tail, the port's holder if any), when a process outside the server's tree listens on O(port), or when
     O(timeout_s) passed since the server's start (its process creation time)."
+  - "O(state=verified): what proves a launched server serves as configured, in one module call (each call costs
+    0.5-1 s of round trip and module start): one generation (O(generate): C(POST /generate), RV(generate)),
+    the environment of every GPU worker among the server's descendants (O(worker_env): RV(workers), as the
+    C(sglang_worker_env_info) module reads it), then one look (O(owner)) that the server still runs and the
+    LISTEN socket on O(port) belongs to it or a descendant and O(url) answers 200 (the test of O(state=ready),
+    without waiting: RV(owner)). The look comes last, so the answers before it are known to come from that
+    server. Changes nothing and never fails for what it finds (a refused generation, a worker without a
+    variable, a server gone): the caller asserts on the results, with its own messages. Fails only for bad
+    input."
   - "O(state=port_free): only checks that nothing listens on O(port) (the check the C(sglang_launch) role runs
     right before a systemd start); changes nothing."
   - "O(state=recorded): writes O(record) (a mapping: what a rollback needs to start this server again, the
@@ -49,11 +58,12 @@ author: gpufleet
 options:
   state:
     description:
-      - V(started) starts the server; V(ready) waits one slice for readiness; V(port_free) checks O(port);
-        V(recorded) writes the launch record O(record) to O(record_file).
+      - V(started) starts the server; V(ready) waits one slice for readiness; V(verified) generates once, reads
+        the workers' environment and looks at the server's socket; V(port_free) checks O(port); V(recorded)
+        writes the launch record O(record) to O(record_file).
       - Stopping is the C(sglang_stop) module's job.
     type: str
-    choices: [started, ready, port_free, recorded]
+    choices: [started, ready, verified, port_free, recorded]
     default: started
   argv:
     description: Command and arguments, one element each (C(sglang_launcher) + rendered flags). Required for V(started).
@@ -64,7 +74,8 @@ options:
       - SGLang's C(--api-key). With V(started) it is appended to O(argv) as C(--api-key KEY) only when the
         process is started. A no_log option, so Ansible masks the value in this task's arguments and result
         (RV(argv) never holds it; a log tail or progress line quoting it shows C(********)), so pass it to
-        V(ready) too when the server has a key.
+        V(ready) too when the server has a key. With V(verified) it is sent as the bearer token of the
+        O(generate) request (header C(Authorization)).
       - It still is in the server's command line, which C(ps) shows to every user of the host (SGLang 0.5.23
         reads the key only from its arguments).
     type: str
@@ -171,6 +182,10 @@ options:
       - With V(ready), the restart lock directory this run holds; its lease is renewed at the start of each slice
         (C(gpufleet_lock) module_utils C(renew_lease)), so a long model load never lets the lease run out. When
         the lock is gone or another run holds it the task fails at once (that run may be restarting the host).
+      - "It is renewed once more when the slice sees the server ready (RV(lock_renewed_at_ready)): the caller's
+        next phase (restart.yml's verify) then starts with a whole lease and needs no renewal round trip of its
+        own. A failure of that last renewal is reported in RV(lock_renewed_at_ready_error), not as a failed wait
+        (the server serves; the caller renews the usual way)."
     type: path
   lock_owner:
     description: With V(ready), the run id that owns O(lock_dir) (renewal refuses to touch another run's lock). Required with O(lock_dir).
@@ -192,11 +207,55 @@ options:
     type: list
     elements: str
     default: []
+  generate:
+    description:
+      - "With V(verified), the generation to ask for (omit it for none). Sent with O(api_key) as
+        C(Authorization: Bearer) when that is set; never through an http_proxy."
+    type: dict
+    suboptions:
+      url:
+        description: The server's C(/generate) URL, e.g. C(http://127.0.0.1:30000/generate).
+        type: str
+        required: true
+      text:
+        description: The prompt.
+        type: str
+        default: The capital of France is
+      max_new_tokens:
+        description: Tokens to generate (greedy, C(temperature) 0).
+        type: int
+        default: 8
+      timeout_s:
+        description: Seconds the generation may take.
+        type: float
+        default: 120
+  worker_env:
+    description:
+      - With V(verified), the variables every GPU worker must carry (omit it to read no worker).
+    type: dict
+    suboptions:
+      expected:
+        description: Variable name → expected value (compared as strings; booleans as C(1)/C(0)).
+        type: dict
+        default: {}
+      names:
+        description: Extra variable names to report (no comparison).
+        type: list
+        elements: str
+        default: []
+      title_pattern:
+        description: Regular expression (C(re.search)) for worker titles/command lines.
+        type: str
+        default: '^sglang::scheduler(_DP\d+)?_TP\d+'
+  owner:
+    description: With V(verified), end with the look at the server and its socket (RV(owner)).
+    type: bool
+    default: true
 attributes:
   check_mode:
     support: full
     details: V(started) reports whether it would start the process and the argv and starts nothing (a listener on
-      O(port) is a warning then, not a failure, because nothing was stopped); V(ready) and V(port_free) only look;
+      O(port) is a warning then, not a failure, because nothing was stopped); V(ready), V(verified) and V(port_free) only look;
       V(recorded) reports whether the record file would change and writes nothing (see O(check_mode_keep)).
   diff_mode:
     support: partial
@@ -251,6 +310,22 @@ EXAMPLES = r"""
   retries: 100
   delay: 0
   when: not started.ready | default(false)
+
+- name: Prove it serves as configured (one call), then assert each part with its own message
+  sglang_process:
+    state: verified
+    pid_file: /var/lib/gpufleet/sglang.pid
+    port: 30000
+    url: http://127.0.0.1:30000/health_generate
+    generate: {url: "http://127.0.0.1:30000/generate", max_new_tokens: 8}
+    worker_env: {expected: {NCCL_PROTO: LL, NCCL_ALGO: Ring}}
+  register: verified
+
+- ansible.builtin.assert:
+    that:
+      - verified.generate.json.text is defined
+      - verified.workers.all_match
+      - verified.owner.ready
 
 - name: Record how to start this server again (what a rollback reads)
   sglang_process:
@@ -365,15 +440,51 @@ running:
   returned: failure of state=ready by timeout; state=ready whose slice ended before an answer
   type: bool
   sample: true
+generate:
+  description: With O(state=verified) and O(generate), the generation's outcome.
+  returned: state is verified and generate is set
+  type: dict
+  contains:
+    status: {description: HTTP status; null when the server gave no HTTP answer (refused, timed out)., type: int}
+    json: {description: "The parsed answer; SGLang puts the generated text in C(text). Null when not JSON.", type: dict}
+    msg: {description: "C(OK (N bytes)), or the HTTP error or connection error.", type: str}
+    elapsed_ms: {description: Milliseconds the request took., type: int}
+  sample: {status: 200, json: {text: " Paris.", meta_info: {completion_tokens: 8}}, msg: "OK (312 bytes)", elapsed_ms: 48}
+workers:
+  description:
+    - With O(state=verified) and O(worker_env), the GPU workers found among the server's descendants, with the
+      shape the C(sglang_worker_env_info) module returns (C(workers), C(worker_count), C(all_match),
+      C(server_pid)), and C(msg) when the server was not found or not running (no worker read then).
+  returned: state is verified and worker_env is set
+  type: dict
+owner:
+  description:
+    - With O(state=verified) and O(owner), the last look. C(ready) true when the server runs, the LISTEN socket
+      on O(port) is its own or a descendant's and O(url) answered 200; C(msg) says what was seen (the exit status
+      and log tail of a server that died, the holder of the port); C(pid) the server looked at; C(listeners) the
+      port's holders when another process holds it.
+  returned: state is verified and owner is true
+  type: dict
+  sample: {ready: true, pid: 4242, msg: "pid 4242 runs and answered /health_generate on 127.0.0.1:30000 on its own socket"}
 lock_renewed:
   description: Whether the restart lock's lease was renewed by this call (null without O(lock_dir)).
   returned: state is ready
   type: bool
+lock_renewed_at_ready:
+  description: True when the lease was renewed again right after the server was seen ready (null without O(lock_dir)
+    or when it was not seen ready; false when that renewal failed).
+  returned: state is ready
+  type: bool
+lock_renewed_at_ready_error:
+  description: Why the renewal at readiness failed (the lock was lost, or an I/O error); only when it did.
+  returned: when that renewal failed
+  type: str
 """
 
 import gc
 import json
 import os
+import re
 import socket
 import time
 import traceback
@@ -390,6 +501,8 @@ except ImportError:
     PSUTIL_ERROR = traceback.format_exc()
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (
+    DEFAULT_TITLE_PATTERN, candidate_pids, inspect_workers)
 # The start and the port check are shared with sglang_stop's start_after (module_utils gpufleet_spawn).
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_spawn import (
     WILDCARDS, describe_listeners, log_size, port_listeners, start_server, write_file_atomic)
@@ -696,27 +809,11 @@ class Waiter(object):
 
 
 def resolve_pid(module, p):
-    """The server pid for state=ready: O(pid), else O(pid_file), else the unit's MainPID. Fails clearly."""
-    if p["pid"]:
-        return p["pid"]
-    if p["pid_file"]:
-        try:
-            with open(p["pid_file"]) as handle:
-                text = handle.read().strip()
-        except OSError as exc:
-            module.fail_json(msg="cannot read the pid file %s (%s): was the server started?" % (p["pid_file"], exc))
-        if not text.isdigit():
-            module.fail_json(msg="pid file %s does not hold a pid: %r" % (p["pid_file"], text[:80]))
-        return int(text)
-    props = unit_show(module.run_command, p["unit"])
-    main_pid = int(props.get("MainPID") or 0)
-    if main_pid <= 0:
-        module.fail_json(msg="systemd unit %s has no main process (ActiveState=%s, ExecMainStatus=%s): the server "
-                         "is not running; see journalctl -u %s and %s" % (
-                             p["unit"], props.get("ActiveState", "?"), props.get("ExecMainStatus", "?"), p["unit"],
-                             p["log_file"] or "the server log"),
-                         rc=int(props.get("ExecMainStatus") or 0) or None)
-    return main_pid
+    """The server pid for state=ready (see find_pid); fails the task clearly when there is none."""
+    try:
+        return find_pid(p, module.run_command)
+    except PidError as exc:
+        module.fail_json(msg=str(exc), **({"rc": exc.rc} if exc.rc is not None else {}))
 
 
 def run_ready(module, p, result):
@@ -728,7 +825,8 @@ def run_ready(module, p, result):
             return unit_exit(unit_show(module.run_command, p["unit"]), dead_pid)
         return {"rc": await_exit_file(exit_file, dead_pid) if exit_file else None}
 
-    result.update(pid=pid, ready=False, ready_epoch=None, ready_wait_ms=None, lock_renewed=None)
+    result.update(pid=pid, ready=False, ready_epoch=None, ready_wait_ms=None, lock_renewed=None,
+                  lock_renewed_at_ready=None)
     try:
         result["lock_renewed"] = renew_lock(p["lock_dir"], p["lock_owner"])
     except gpufleet_lock.LockError as exc:
@@ -740,6 +838,13 @@ def run_ready(module, p, result):
         result["progress"] = waiter.progress(elapsed)
     if state == "ready":
         ready_result(result, waiter, pid, elapsed, extra)
+        if p["lock_dir"]:
+            # A whole lease from here: the next phase needs no renewal of its own. The server serves either way,
+            # so a lost lock here is the caller's to see (its own renewal fails and says so), not a failed wait.
+            try:
+                result["lock_renewed_at_ready"] = bool(renew_lock(p["lock_dir"], p["lock_owner"]))
+            except gpufleet_lock.LockError as exc:
+                result.update(lock_renewed_at_ready=False, lock_renewed_at_ready_error=str(exc))
         module.exit_json(msg=result["progress"], **result)
     if state == "waiting":
         module.exit_json(msg=result["progress"], running=True, **result)
@@ -756,25 +861,155 @@ def ready_result(result, waiter, pid, elapsed, extra):
                   progress="%s answered on pid %d's socket after %.1f s" % (waiter.what, pid, elapsed))
 
 
-def fail_not_ready(module, p, result, waiter, pid, state, extra):
-    """fail_json for the Waiter states ``stranger``, ``unknown_owner`` and ``timeout``."""
+def not_ready_message(p, waiter, pid, state, extra):
+    """(msg, extra result) for the Waiter states ``stranger``, ``unknown_owner`` and ``timeout``."""
     if state == "stranger":
-        result["listeners"] = extra["listeners"]
-        module.fail_json(msg="port %d is answered by %s, not by the launched server (pid %d, still loading): "
-                         "that process took the port, so the server cannot bind it; stop it, then rerun"
-                         % (p["port"], describe_listeners(extra["listeners"]) or "another process", pid), **result)
+        return ("port %d is answered by %s, not by the launched server (pid %d, still loading): "
+                "that process took the port, so the server cannot bind it; stop it, then rerun"
+                % (p["port"], describe_listeners(extra["listeners"]) or "another process", pid),
+                {"listeners": extra["listeners"]})
     if state == "unknown_owner":
-        module.fail_json(msg="port %d answers, but this user cannot see whether pid %d owns the listening socket "
-                         "(another user's process): run this task as root (become)" % (p["port"], pid), **result)
+        return ("port %d answers, but this user cannot see whether pid %d owns the listening socket "
+                "(another user's process): run this task as root (become)" % (p["port"], pid), {})
     tail = log_tail(p["log_file"], p["log_tail_lines"], p["log_offset"]) if p["log_file"] else ""
     # Only here: the server may still come up (restart.yml's rollback says "still loading" from this).
-    result["running"] = pid_alive(pid)
     # Past tense: by the time a summary quotes this line, the rollback may have stopped that pid.
-    module.fail_json(msg="the server (pid %d) was running but did not answer %s within %.0f s of starting (last: %s). "
-                     "The model may still be loading: raise sglang_launch_ready_timeout_s, or read the log "
-                     "%s.\nLast lines of this launch's log:\n%s" % (pid, waiter.what, p["timeout_s"], waiter.last,
-                                                                    p["log_file"] or "-", tail or "(empty)"),
-                     log_tail=tail, **result)
+    return ("the server (pid %d) was running but did not answer %s within %.0f s of starting (last: %s). "
+            "The model may still be loading: raise sglang_launch_ready_timeout_s, or read the log "
+            "%s.\nLast lines of this launch's log:\n%s" % (pid, waiter.what, p["timeout_s"], waiter.last,
+                                                           p["log_file"] or "-", tail or "(empty)"),
+            {"running": pid_alive(pid), "log_tail": tail})
+
+
+def fail_not_ready(module, p, result, waiter, pid, state, extra):
+    """fail_json for the Waiter states ``stranger``, ``unknown_owner`` and ``timeout``."""
+    msg, more = not_ready_message(p, waiter, pid, state, extra)
+    result.update(more)
+    module.fail_json(msg=msg, **result)
+
+
+def post_generate(url, text, max_new_tokens, api_key, timeout_s):
+    """One generation through SGLang's native API: POST ``url`` (``.../generate``) with
+    ``{"text": text, "sampling_params": {"max_new_tokens": N, "temperature": 0}}`` and, with ``api_key``, the
+    header ``Authorization: Bearer <key>`` (SGLang's --api-key). Never through an http_proxy (the server is on
+    this host). Never raises.
+
+    Returns ``{"status": int or None (no HTTP answer), "json": the parsed body or None, "msg": str,
+    "elapsed_ms": int}``; the generated text is ``json["text"]`` on success (SGLang, all releases).
+    """
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    body = json.dumps({"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}})
+    started = time.monotonic()
+    status, raw, msg = None, b"", ""
+    try:
+        resp = open_url(url, data=body, method="POST", headers=headers, timeout=timeout_s, validate_certs=True,
+                        use_proxy=False)
+        status, raw = resp.getcode(), resp.read()
+        msg = "OK (%d bytes)" % len(raw)
+    except Exception as exc:  # urllib HTTPError carries a code and a body (401 without the key); others are text
+        status = getattr(exc, "code", None)
+        msg = ("HTTP Error %s: %s" % (status, getattr(exc, "reason", "") or exc)) if status else (
+            "Request failed: %s" % (getattr(exc, "reason", None) or exc))
+        try:
+            raw = exc.read() if status else b""
+        except Exception:
+            raw = b""
+    try:
+        parsed = json.loads(raw.decode("utf-8", "replace")) if raw else None
+    except ValueError:
+        parsed = None
+        if raw:
+            msg = "%s; the body is not JSON: %r" % (msg, raw[:200])
+    return {"status": status, "json": parsed, "msg": msg, "elapsed_ms": int((time.monotonic() - started) * 1000)}
+
+
+def find_pid(p, run_command):
+    """The server pid: O(pid), else O(pid_file), else the unit's MainPID. Raises PidError saying why not."""
+    if p["pid"]:
+        return p["pid"]
+    if p["pid_file"]:
+        try:
+            with open(p["pid_file"]) as handle:
+                text = handle.read().strip()
+        except OSError as exc:
+            raise PidError("cannot read the pid file %s (%s): was the server started?" % (p["pid_file"], exc))
+        if not text.isdigit():
+            raise PidError("pid file %s does not hold a pid: %r" % (p["pid_file"], text[:80]))
+        return int(text)
+    props = unit_show(run_command, p["unit"])
+    main_pid = int(props.get("MainPID") or 0)
+    if main_pid <= 0:
+        raise PidError("systemd unit %s has no main process (ActiveState=%s, ExecMainStatus=%s): the server "
+                       "is not running; see journalctl -u %s and %s" % (
+                           p["unit"], props.get("ActiveState", "?"), props.get("ExecMainStatus", "?"), p["unit"],
+                           p["log_file"] or "the server log"),
+                       rc=int(props.get("ExecMainStatus") or 0) or None)
+    return main_pid
+
+
+class PidError(Exception):
+    """The server pid cannot be found (message says why; ``rc`` the unit's exit status when known)."""
+
+    def __init__(self, msg, rc=None):
+        Exception.__init__(self, msg)
+        self.rc = rc
+
+
+def run_verified(module, p, result):
+    """O(state=verified): one generation, every worker's environment, then one look at the server and its socket.
+
+    Never fails for what it finds (the caller asserts, with its own messages); fails only for bad input.
+    """
+    try:
+        pid, pid_error = find_pid(p, module.run_command), None
+    except PidError as exc:
+        pid, pid_error = None, str(exc)
+    result.update(pid=pid)
+    if p["generate"] is not None:
+        g = p["generate"]
+        result["generate"] = post_generate(g["url"], g["text"], g["max_new_tokens"], p["api_key"], g["timeout_s"])
+    if p["worker_env"] is not None:
+        w = p["worker_env"]
+        try:
+            title_re = re.compile(w["title_pattern"])
+        except re.error as exc:
+            module.fail_json(msg="invalid worker_env.title_pattern: %s" % exc, **result)
+        workers = {"workers": [], "worker_count": 0, "all_match": False, "server_pid": pid}
+        if pid is None:
+            workers["msg"] = pid_error
+        elif not psutil.pid_exists(pid):
+            workers["msg"] = "server pid %d is not running" % pid
+        else:
+            found = inspect_workers(candidate_pids(pid), title_re, w["expected"], w["names"])
+            workers.update(workers=found, worker_count=len(found), all_match=bool(found) and all(x["match"] for x in found))
+        result["workers"] = workers
+    if p["owner"]:
+        owner = {"ready": False, "pid": pid}
+        if pid is None:
+            owner["msg"] = pid_error
+        else:
+            def exit_info_of(dead_pid):
+                if p["unit"]:
+                    return unit_exit(unit_show(module.run_command, p["unit"]), dead_pid)
+                return {"rc": await_exit_file(p["exit_file"], dead_pid) if p["exit_file"] else None}
+            # One look (slice 0); the server's age does not matter here.
+            look = dict(p, slice_s=0, timeout_s=31536000.0)
+            waiter = Waiter(look, pid, exit_info_of)
+            state, elapsed, extra = waiter.run()
+            if state == "ready":
+                owner.update(ready=True, msg="pid %d runs and answered %s on its own socket" % (pid, waiter.what))
+            elif state == "waiting":
+                owner["msg"] = "pid %d runs but %s did not answer (last: %s)" % (pid, waiter.what, waiter.last)
+            elif state == "died":
+                owner["msg"], more = waiter.died(elapsed)
+                owner.update(rc=more["rc"], listeners=more["listeners"])
+            else:
+                owner["msg"], more = not_ready_message(look, waiter, pid, state, extra)
+                owner.update((k, v) for k, v in more.items() if k == "listeners")
+        result["owner"] = owner
+    module.exit_json(**result)
 
 
 def run_started(module, p, result):
@@ -917,7 +1152,7 @@ def run_recorded(module, p):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", default="started", choices=["started", "ready", "port_free", "recorded"]),
+            state=dict(type="str", default="started", choices=["started", "ready", "verified", "port_free", "recorded"]),
             argv=dict(type="list", elements="str"),
             api_key=dict(type="str", no_log=True),
             env=dict(type="dict", default={}),
@@ -945,12 +1180,26 @@ def main():
             record=dict(type="dict"),
             record_file=dict(type="path"),
             check_mode_keep=dict(type="list", elements="str", default=[], no_log=False),
+            generate=dict(type="dict", options=dict(
+                url=dict(type="str", required=True),
+                text=dict(type="str", default="The capital of France is"),
+                max_new_tokens=dict(type="int", default=8),
+                timeout_s=dict(type="float", default=120),
+            )),
+            worker_env=dict(type="dict", options=dict(
+                expected=dict(type="dict", default={}),
+                names=dict(type="list", elements="str", default=[]),
+                title_pattern=dict(type="str", default=DEFAULT_TITLE_PATTERN),
+            )),
+            owner=dict(type="bool", default=True),
         ),
         required_together=[("lock_dir", "lock_owner")],
         required_if=[("state", "started", ["argv", "log_file", "pid_file"]),
                      ("wait_ready", True, ["port"]),
                      ("state", "ready", ["port"]),
                      ("state", "ready", ["pid", "pid_file", "unit"], True),
+                     ("state", "verified", ["port"]),
+                     ("state", "verified", ["pid", "pid_file", "unit"], True),
                      ("state", "port_free", ["port"]),
                      ("state", "recorded", ["record", "record_file"])],
         supports_check_mode=True,
@@ -970,6 +1219,8 @@ def main():
         run_started(module, p, result)
     elif p["state"] == "ready":
         run_ready(module, p, result)
+    elif p["state"] == "verified":
+        run_verified(module, p, result)
     else:
         run_port_free(module, p, result)
 

@@ -95,12 +95,12 @@ server_pid:
 """
 
 import gc
-import os
 import re
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import cmdline_text
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (  # noqa: F401 (re-exported)
+    CLOBBERED_HINT, DEFAULT_TITLE_PATTERN, candidate_pids, compare_env, inspect_workers, parse_environ, read_environ)
 
 try:
     import psutil
@@ -111,100 +111,6 @@ else:
     PSUTIL_IMPORT_ERROR = None
 
 
-# setproctitle (SGLang titles its workers with it) reuses the environ memory area for long titles, so
-# /proc/<pid>/environ reads as NUL bytes unless SPT_NOENV is set (setproctitle docs, issue #16).
-CLOBBERED_HINT = ("/proc/%d/environ is empty: setproctitle overwrote it; launch SGLang with SPT_NOENV=1 in its "
-                  "environment (gpufleet's sglang_launch role adds it) so the environment stays readable")
-
-
-def parse_environ(raw):
-    """Parse /proc/<pid>/environ bytes into {name bytes: value bytes}.
-
-    Entries are NUL-terminated ``NAME=value``; entries without ``=`` are ignored; bytes are kept as bytes so
-    non-UTF-8 values survive.
-    """
-    env = {}
-    for entry in raw.split(b"\x00"):
-        if not entry:
-            continue
-        name, sep, value = entry.partition(b"=")
-        if sep:
-            env[name] = value
-    return env
-
-
-def read_environ(pid, proc_root="/proc"):
-    """Raw environ bytes of ``pid``; raises OSError (PermissionError; FileNotFoundError or ProcessLookupError when
-    the process ends before or while it is read)."""
-    with open(os.path.join(proc_root, str(pid), "environ"), "rb") as handle:
-        return handle.read()
-
-
-def _text(value):
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return "" if value is None else str(value)
-
-
-def compare_env(env, expected, names=()):
-    """Compare parsed environ (bytes dict) with ``expected`` (name → value).
-
-    Returns (present {name: str value}, missing [names], mismatched {name: {expected, actual}}).
-    A value matches when its bytes equal the UTF-8 encoding of the expected text.
-    """
-    present, missing, mismatched = {}, [], {}
-    wanted = list(expected) + [n for n in names if n not in expected]
-    for name in wanted:
-        raw = env.get(name.encode("utf-8"))
-        if raw is None:
-            if name in expected:
-                missing.append(name)
-            continue
-        shown = raw.decode("utf-8", "backslashreplace")
-        present[name] = shown
-        if name in expected and raw != _text(expected[name]).encode("utf-8"):
-            mismatched[name] = {"expected": _text(expected[name]), "actual": shown}
-    return present, missing, mismatched
-
-
-def candidate_pids(server_pid):
-    """Descendant pids of ``server_pid`` (psutil children, recursive), or every pid when it is None."""
-    if server_pid is None:
-        return psutil.pids()
-    try:
-        return [child.pid for child in psutil.Process(server_pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
-def inspect_workers(pids, title_re, expected, names, proc_root="/proc"):
-    """Worker report entries (see RETURN) for those of ``pids`` whose title matches ``title_re``."""
-    workers = []
-    for pid in pids:
-        title = cmdline_text(pid, proc_root)
-        if not title or not title_re.search(title):
-            continue
-        entry = {"pid": pid, "title": title}
-        try:
-            env = parse_environ(read_environ(pid, proc_root))
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited between listing and reading (ENOENT at open, ESRCH while reading)
-        except OSError as exc:
-            entry.update(env={}, missing=sorted(expected), mismatched={}, match=False,
-                         error="cannot read /proc/%d/environ: %s (run as root or the server's user)"
-                         % (pid, exc.strerror))
-            workers.append(entry)
-            continue
-        present, missing, mismatched = compare_env(env, expected, names)
-        entry.update(env=present, missing=missing, mismatched=mismatched, match=not missing and not mismatched)
-        if not env:
-            entry["match"] = False
-            entry["error"] = CLOBBERED_HINT % pid
-        workers.append(entry)
-    workers.sort(key=lambda w: (w["title"], w["pid"]))
-    return workers
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -212,7 +118,7 @@ def main():
             pid_file=dict(type="path"),
             expected=dict(type="dict", default={}),
             names=dict(type="list", elements="str", default=[]),
-            title_pattern=dict(type="str", default=r"^sglang::scheduler(_DP\d+)?_TP\d+"),
+            title_pattern=dict(type="str", default=DEFAULT_TITLE_PATTERN),
         ),
         mutually_exclusive=[("pid", "pid_file")],
         supports_check_mode=True,

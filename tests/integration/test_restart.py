@@ -98,9 +98,13 @@ def test_restart_replaces_every_server_and_nccl_values_reach_every_worker(lab):
     assert not [d for d in lab.events(runner, "runner_on_ok", "sglang_process")
                 if d.get("task", "").startswith("Start SGLang in its own session")]
     # the module's own view agrees, per worker
-    verify = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_worker_env_info")}
+    # (verify's one call, sglang_process state=verified: the generation, the workers' environ, the socket's owner)
+    verify = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_process")
+              if "Generate once, read every GPU worker" in d.get("task", "")}
     assert sorted(verify) == sorted(lab.hosts)
-    assert all(r["all_match"] and r["worker_count"] == 8 for r in verify.values())
+    assert all(r["workers"]["all_match"] and r["workers"]["worker_count"] == 8 for r in verify.values())
+    assert all(r["generate"]["status"] == 200 and r["generate"]["json"]["text"] for r in verify.values())
+    assert all(r["owner"]["ready"] and r["owner"]["pid"] == server_pid(lab, h) for h, r in verify.items())
     # summary: one line per host, result ok, NCCL ok, the new pid
     assert "GPUFLEET SUMMARY" in out
     table = out.split("GPUFLEET SUMMARY", 1)[1]
@@ -388,7 +392,10 @@ def test_launch_failure_shows_log_tail_and_names_the_full_log(lab):
         for line in finals + [row["cause"]]:
             assert "log:." not in line and "Its log ends: '" in line and "crash_on_start" in line, line
         assert "The old server is stopped and no new one serves" in out
-        assert lab.events(runner, "runner_on_ok", "sglang_worker_env_info") == []
+        # verify never ran (its one call is sglang_process state=verified), and the stop did run
+        assert not [d for d in lab.events(runner, "runner_on_ok", "sglang_process")
+                    if d["host"] == host and "Generate once, read every GPU worker" in d.get("task", "")]
+        assert [d for d in real_stops(lab, runner) if d["host"] == host]
     finally:
         lab.clear_faults(host)
     ensure_serving(lab, [host])

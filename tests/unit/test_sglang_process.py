@@ -402,6 +402,37 @@ def test_ready_renews_the_restart_lock_each_slice(tmp_path, capsys, monkeypatch)
         _kill_group(started["pid"])
 
 
+def test_ready_renews_the_lock_again_when_it_sees_the_server_serve_and_a_lost_lock_there_is_no_failed_wait(
+        tmp_path, capsys, monkeypatch):
+    # restart.yml skips verify's own renewal when the slice renewed at readiness (lock_renewed_at_ready).
+    calls = []
+    lost_at = {"n": None}
+
+    def renew(lock_dir, owner):
+        calls.append((lock_dir, owner))
+        if len(calls) == lost_at["n"]:
+            raise proc_mod.gpufleet_lock.LockLost("the restart lock %s is gone" % lock_dir)
+    monkeypatch.setattr(proc_mod.gpufleet_lock, "renew_lease", renew)
+    port = _free_port()
+    rc, started = _start(tmp_path, capsys, HTTP_SERVER % (0.2, port))
+    try:
+        rc, result = _ready(tmp_path, capsys, started, port, lock_dir=str(tmp_path / "lock"), lock_owner="run-1")
+        assert rc == 0 and result["ready"] is True
+        assert result["lock_renewed"] is True and result["lock_renewed_at_ready"] is True
+        assert calls == [(str(tmp_path / "lock"), "run-1")] * 2
+        # The lock lost right at readiness: the server serves, the wait is not failed, the loss is named.
+        calls[:] = []
+        lost_at["n"] = 2
+        rc, result = _ready(tmp_path, capsys, started, port, lock_dir=str(tmp_path / "lock"), lock_owner="run-1")
+        assert rc == 0 and result["ready"] is True and result["lock_renewed_at_ready"] is False
+        assert "is gone" in result["lock_renewed_at_ready_error"]
+        # Without a lock nothing is renewed and the field is null.
+        rc, result = _ready(tmp_path, capsys, started, port)
+        assert rc == 0 and result["ready"] is True and result["lock_renewed_at_ready"] is None
+    finally:
+        _kill_group(started["pid"])
+
+
 def test_ready_stops_at_once_when_another_run_holds_the_lock(tmp_path, capsys, monkeypatch):
     def lost(lock_dir, owner):
         raise proc_mod.gpufleet_lock.LockLost("the restart lock %s is now held by run 77" % lock_dir)
@@ -608,3 +639,97 @@ def test_ready_that_cannot_attribute_the_socket_does_not_say_the_server_may_stil
         stray.shutdown()
         stray.server_close()
         _kill_group(started["pid"])
+
+
+# A stand-in for state=verified: GET answers 200; POST /generate answers {"text": ...}, or 401 without the bearer
+# when a key is set; two children titled like GPU workers (matched by a test pattern), one with NCCL_PROTO=LL.
+VERIFY_SERVER = r"""
+import http.server, json, os, subprocess, sys
+port, key = int(sys.argv[1]), sys.argv[2]
+child = "import time; time.sleep(60)  # verify-worker-marker"
+for rank, env in enumerate(({"NCCL_PROTO": "LL"}, {})):
+    full = dict(os.environ); full.pop("NCCL_PROTO", None); full.update(env)
+    subprocess.Popen([sys.executable, "-c", child, "rank%d" % rank], env=full)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if key and self.headers.get("Authorization") != "Bearer " + key:
+            out, code = {"error": "Unauthorized"}, 401
+        else:
+            out, code = {"text": " Paris" * body["sampling_params"]["max_new_tokens"], "prompt": body["text"]}, 200
+        raw = json.dumps(out).encode()
+        self.send_response(code); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw))); self.end_headers(); self.wfile.write(raw)
+    def log_message(self, *a):
+        pass
+print("fired up", flush=True)
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def _verified(tmp_path, capsys, port, **extra):
+    args = {"state": "verified", "pid_file": str(tmp_path / "s.pid"), "log_file": str(tmp_path / "s.log"),
+            "port": port, "url": "http://127.0.0.1:%d/health_generate" % port,
+            "generate": {"url": "http://127.0.0.1:%d/generate" % port, "max_new_tokens": 2, "timeout_s": 10},
+            "worker_env": {"expected": {"NCCL_PROTO": "LL"}, "title_pattern": "verify-worker-marker"}}
+    args.update(extra)
+    return run_main(args, capsys)
+
+
+def test_verified_generates_reads_every_worker_and_looks_at_the_socket_in_one_call(tmp_path, capsys):
+    port = _free_port()
+    (tmp_path / "srv.py").write_text(VERIFY_SERVER)
+    rc, started = run_main({"argv": [sys.executable, str(tmp_path / "srv.py"), str(port), "sekret"],
+                            "log_file": str(tmp_path / "s.log"), "pid_file": str(tmp_path / "s.pid"),
+                            "startup_check_s": 10, "wait_ready": True, "port": port,
+                            "url": "http://127.0.0.1:%d/health_generate" % port}, capsys)
+    try:
+        assert rc == 0 and started["ready"], started
+        assert _wait_for(lambda: len(psutil_children(started["pid"])) >= 2)
+        rc, result = _verified(tmp_path, capsys, port, api_key="sekret")
+        assert rc == 0 and not result["changed"] and result["pid"] == started["pid"]
+        assert result["generate"]["status"] == 200 and result["generate"]["json"]["text"] == " Paris Paris"
+        assert result["generate"]["json"]["prompt"] == "The capital of France is"
+        workers = result["workers"]
+        assert workers["worker_count"] == 2 and workers["all_match"] is False and workers["server_pid"] == started["pid"]
+        assert [w["match"] for w in workers["workers"]] == [True, False]
+        assert workers["workers"][1]["missing"] == ["NCCL_PROTO"]
+        assert result["owner"]["ready"] is True and result["owner"]["pid"] == started["pid"]
+        # Without the key SGLang answers 401: reported with the body, not a failed task.
+        rc, result = _verified(tmp_path, capsys, port, owner=False)
+        assert rc == 0 and result["generate"]["status"] == 401 and result["generate"]["json"] == {"error": "Unauthorized"}
+        assert "owner" not in result and "sekret" not in json.dumps(result)
+    finally:
+        _kill_group(started["pid"])
+        for child in psutil_children(started["pid"]):
+            child.kill()
+
+
+def psutil_children(pid):
+    import psutil
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def test_verified_reports_a_server_that_is_gone_and_a_missing_pid_file_without_failing(tmp_path, capsys):
+    port = _free_port()
+    rc, started = _start(tmp_path, capsys, "import sys; sys.exit(3)")
+    assert rc == 0
+    assert _wait_for(lambda: (tmp_path / "s.pid.exit").exists())
+    rc, result = _verified(tmp_path, capsys, port)
+    assert rc == 0 and result["pid"] == started["pid"]
+    assert result["generate"]["status"] is None and result["generate"]["msg"].startswith("Request failed")
+    assert result["workers"]["worker_count"] == 0 and "is not running" in result["workers"]["msg"]
+    assert result["owner"]["ready"] is False and "exited with status 3" in result["owner"]["msg"]
+    (tmp_path / "s.pid").unlink()
+    rc, result = _verified(tmp_path, capsys, port)
+    assert rc == 0 and result["pid"] is None
+    assert "cannot read the pid file" in result["workers"]["msg"] and "cannot read the pid file" in result["owner"]["msg"]
+    # Bad input still fails, naming it.
+    rc, result = _verified(tmp_path, capsys, port, pid=1, pid_file=None,
+                           worker_env={"expected": {}, "title_pattern": "("})
+    assert rc == 1 and "invalid worker_env.title_pattern" in result["msg"]

@@ -106,6 +106,7 @@ def test_a_worker_that_exits_while_its_environ_is_read_is_left_out(tmp_path, mon
         if pid == 79:
             raise ProcessLookupError(errno.ESRCH, "No such process")
         return real(pid, root)
-    monkeypatch.setattr(envinfo, "read_environ", read)
+    # inspect_workers lives in module_utils (gpufleet_environ), shared with sglang_process state=verified.
+    monkeypatch.setattr(sys.modules[envinfo.inspect_workers.__module__], "read_environ", read)
     workers = envinfo.inspect_workers([79, 80], re.compile("^sglang::"), {"NCCL_PROTO": "LL"}, [], str(proc_root))
     assert [(w["pid"], w["match"]) for w in workers] == [(80, True)]
