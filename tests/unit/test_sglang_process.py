@@ -717,8 +717,9 @@ def psutil_children(pid):
 
 def test_verified_reports_a_server_that_is_gone_and_a_missing_pid_file_without_failing(tmp_path, capsys):
     port = _free_port()
-    rc, started = _start(tmp_path, capsys, "import sys; sys.exit(3)")
-    assert rc == 0
+    # It outlives the start's 0.1 s startup check (an exit within it fails the start), then exits 3.
+    rc, started = _start(tmp_path, capsys, "import sys, time; time.sleep(1.5); sys.exit(3)")
+    assert rc == 0, started
     assert _wait_for(lambda: (tmp_path / "s.pid.exit").exists())
     rc, result = _verified(tmp_path, capsys, port)
     assert rc == 0 and result["pid"] == started["pid"]
