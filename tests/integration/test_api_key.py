@@ -78,8 +78,10 @@ def test_restart_with_api_key_never_shows_it_and_the_server_demands_it(lab):
         verified = [d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_process")
                     if d["host"] == host and "Generate once, read every GPU worker" in d.get("task", "")]
         assert verified and verified[0]["generate"]["status"] == 200, verified
-        # The key is a no_log option: the task's arguments show it masked.
-        assert verified[0]["invocation"]["module_args"]["api_key"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
+        # The key is a no_log option: where the result carries the task's arguments (ansible-core 2.19; 2.21 leaves
+        # them out), they show it masked.
+        shown = verified[0].get("invocation", {}).get("module_args", {}).get("api_key")
+        assert shown in (None, "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"), shown
         assert lab.events(runner, "runner_on_ok", "sglang_process"), "the process method launched"
         assert host in lab.ok_hosts(runner, task_action="sglang_generate_bench")
         # No event, as AWX stores it, holds the key: search every event's whole JSON and the stdout.
