@@ -118,3 +118,19 @@ def inspect_workers(pids, title_re, expected, names, proc_root="/proc"):
         workers.append(entry)
     workers.sort(key=lambda w: (w["title"], w["pid"]))
     return workers
+
+
+def worker_env_options():
+    """Argument spec (a fresh dict each call) of the worker environ options ``expected``, ``names`` and
+    ``title_pattern``: the sglang_worker_env_info module's options and sglang_process's ``worker_env``
+    suboptions."""
+    return dict(expected=dict(type="dict", default={}),
+                names=dict(type="list", elements="str", default=[]),
+                title_pattern=dict(type="str", default=DEFAULT_TITLE_PATTERN))
+
+
+def worker_report(workers):
+    """``{"workers", "worker_count", "all_match"}`` for :func:`inspect_workers` entries: all_match needs at least
+    one worker and every one matching."""
+    return {"workers": workers, "worker_count": len(workers),
+            "all_match": bool(workers) and all(w["match"] for w in workers)}

@@ -502,7 +502,7 @@ except ImportError:
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (
-    DEFAULT_TITLE_PATTERN, candidate_pids, inspect_workers)
+    worker_env_options, candidate_pids, inspect_workers, worker_report)
 # The start and the port check are shared with sglang_stop's start_after (module_utils gpufleet_spawn).
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_spawn import (
     WILDCARDS, describe_listeners, log_size, port_listeners, start_server, write_file_atomic)
@@ -816,15 +816,19 @@ def resolve_pid(module, p):
         module.fail_json(msg=str(exc), **({"rc": exc.rc} if exc.rc is not None else {}))
 
 
-def run_ready(module, p, result):
-    pid = resolve_pid(module, p)
-    exit_file = p["exit_file"]
-
+def exit_info_reader(module, p):
+    """The Waiter's ``exit_info_of(pid)`` for this call: the unit's exit status (O(unit)), else the reaper's exit
+    file (O(exit_file)), else an unknown status."""
     def exit_info_of(dead_pid):
         if p["unit"]:
             return unit_exit(unit_show(module.run_command, p["unit"]), dead_pid)
-        return {"rc": await_exit_file(exit_file, dead_pid) if exit_file else None}
+        return {"rc": await_exit_file(p["exit_file"], dead_pid) if p["exit_file"] else None}
+    return exit_info_of
 
+
+def run_ready(module, p, result):
+    pid = resolve_pid(module, p)
+    exit_info_of = exit_info_reader(module, p)
     result.update(pid=pid, ready=False, ready_epoch=None, ready_wait_ms=None, lock_renewed=None,
                   lock_renewed_at_ready=None)
     try:
@@ -976,27 +980,21 @@ def run_verified(module, p, result):
             title_re = re.compile(w["title_pattern"])
         except re.error as exc:
             module.fail_json(msg="invalid worker_env.title_pattern: %s" % exc, **result)
-        workers = {"workers": [], "worker_count": 0, "all_match": False, "server_pid": pid}
         if pid is None:
-            workers["msg"] = pid_error
+            result["workers"] = dict(worker_report([]), server_pid=None, msg=pid_error)
         elif not psutil.pid_exists(pid):
-            workers["msg"] = "server pid %d is not running" % pid
+            result["workers"] = dict(worker_report([]), server_pid=pid, msg="server pid %d is not running" % pid)
         else:
-            found = inspect_workers(candidate_pids(pid), title_re, w["expected"], w["names"])
-            workers.update(workers=found, worker_count=len(found), all_match=bool(found) and all(x["match"] for x in found))
-        result["workers"] = workers
+            result["workers"] = dict(worker_report(inspect_workers(candidate_pids(pid), title_re, w["expected"],
+                                                                   w["names"])), server_pid=pid)
     if p["owner"]:
         owner = {"ready": False, "pid": pid}
         if pid is None:
             owner["msg"] = pid_error
         else:
-            def exit_info_of(dead_pid):
-                if p["unit"]:
-                    return unit_exit(unit_show(module.run_command, p["unit"]), dead_pid)
-                return {"rc": await_exit_file(p["exit_file"], dead_pid) if p["exit_file"] else None}
             # One look (slice 0); the server's age does not matter here.
             look = dict(p, slice_s=0, timeout_s=31536000.0)
-            waiter = Waiter(look, pid, exit_info_of)
+            waiter = Waiter(look, pid, exit_info_reader(module, p))
             state, elapsed, extra = waiter.run()
             if state == "ready":
                 owner.update(ready=True, msg="pid %d runs and answered %s on its own socket" % (pid, waiter.what))
@@ -1186,11 +1184,7 @@ def main():
                 max_new_tokens=dict(type="int", default=8),
                 timeout_s=dict(type="float", default=120),
             )),
-            worker_env=dict(type="dict", options=dict(
-                expected=dict(type="dict", default={}),
-                names=dict(type="list", elements="str", default=[]),
-                title_pattern=dict(type="str", default=DEFAULT_TITLE_PATTERN),
-            )),
+            worker_env=dict(type="dict", options=worker_env_options()),
             owner=dict(type="bool", default=True),
         ),
         required_together=[("lock_dir", "lock_owner")],

@@ -100,7 +100,8 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (  # noqa: F401 (re-exported)
-    CLOBBERED_HINT, DEFAULT_TITLE_PATTERN, candidate_pids, compare_env, inspect_workers, parse_environ, read_environ)
+    CLOBBERED_HINT, worker_env_options, candidate_pids, compare_env, inspect_workers, parse_environ, read_environ,
+    worker_report)
 
 try:
     import psutil
@@ -116,9 +117,7 @@ def main():
         argument_spec=dict(
             pid=dict(type="int"),
             pid_file=dict(type="path"),
-            expected=dict(type="dict", default={}),
-            names=dict(type="list", elements="str", default=[]),
-            title_pattern=dict(type="str", default=DEFAULT_TITLE_PATTERN),
+            **worker_env_options()
         ),
         mutually_exclusive=[("pid", "pid_file")],
         supports_check_mode=True,
@@ -144,8 +143,7 @@ def main():
         module.fail_json(msg="server pid %d is not running" % server_pid, server_pid=server_pid,
                          workers=[], worker_count=0, all_match=False)
     workers = inspect_workers(candidate_pids(server_pid), title_re, p["expected"], p["names"])
-    module.exit_json(changed=False, workers=workers, worker_count=len(workers), server_pid=server_pid,
-                     all_match=bool(workers) and all(w["match"] for w in workers))
+    module.exit_json(changed=False, server_pid=server_pid, **worker_report(workers))
 
 
 if __name__ == "__main__":
