@@ -46,7 +46,9 @@ description:
     C(sglang_launch) role's launch record) as JSON (4-space indent, sorted keys) to O(record_file) atomically
     (a temporary file in the same directory, fsync, rename; mode 0644), in one module call where
     C(ansible.builtin.copy) makes three round trips (stat, file transfer, copy). RV(changed) when the file's
-    text differs. Fails, changing nothing, when the directory is missing or not writable."
+    text differs. Fails, changing nothing, when the directory is missing or not writable. With O(lock_dir), the
+    restart lock O(lock_owner) holds is released right after the record is written (the caller's last step,
+    without a module call of its own); see RV(lock_release)."
   - The process outlives the Ansible task and the SSH session; stop it with the C(sglang_stop) module, which
     signals the session recorded here.
   - Idempotent; when O(pid_file) names a live process started before the file was written, nothing is
@@ -186,9 +188,16 @@ options:
         next phase (restart.yml's verify) then starts with a whole lease and needs no renewal round trip of its
         own. A failure of that last renewal is reported in RV(lock_renewed_at_ready_error), not as a failed wait
         (the server serves; the caller renews the usual way)."
+      - "With V(recorded), the restart lock to release once the record is written (C(gpufleet_lock) module_utils
+        C(release_lease), what C(gpufleet_lock state=absent) does): a lock another run took over after this run's
+        lease ended is left alone. Nothing is released when the record could not be written (the task fails) or
+        in check mode. A release that fails does not fail the task: RV(lock_release_error) says why and the lock
+        stays for the caller to release."
     type: path
   lock_owner:
-    description: With V(ready), the run id that owns O(lock_dir) (renewal refuses to touch another run's lock). Required with O(lock_dir).
+    description:
+      - With V(ready) and V(recorded), the run id that owns O(lock_dir) (renewal and release refuse to touch
+        another run's lock). Required with O(lock_dir).
     type: str
   record:
     description:
@@ -479,6 +488,18 @@ lock_renewed_at_ready_error:
   description: Why the renewal at readiness failed (the lock was lost, or an I/O error); only when it did.
   returned: when that renewal failed
   type: str
+lock_release:
+  description:
+    - "With O(state=recorded) and O(lock_dir), what releasing the restart lock after the record found
+      (C(gpufleet_lock) module_utils C(release_lease)): V(released), V(absent) (no lock was there) or V(not_owner)
+      (another run holds it, left alone). Null without O(lock_dir), in check mode, and when the release failed."
+  returned: state is recorded
+  type: str
+  sample: released
+lock_release_error:
+  description: Why the release after the record failed (an I/O error on the lock directory); only when it did.
+  returned: when that release failed
+  type: str
 """
 
 import gc
@@ -490,7 +511,6 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible.module_utils.urls import open_url
 
 try:
     import psutil
@@ -683,6 +703,9 @@ def probe_port(host, port, timeout_s=1.0):
 
 def probe_url(url, timeout_s):
     """(status int or None, text): 200 when GET ``url`` answered 200, else the status or error text."""
+    # Imported where HTTP is spoken: ansible.module_utils.urls (with the cryptography it pulls in) costs about
+    # 0.1 s of every module start, and state=recorded and port_free never use it.
+    from ansible.module_utils.urls import open_url
     try:
         # The server is on this host: never through an http_proxy from the environment.
         resp = open_url(url, method="GET", timeout=timeout_s, validate_certs=True, use_proxy=False)
@@ -901,6 +924,7 @@ def post_generate(url, text, max_new_tokens, api_key, timeout_s):
     Returns ``{"status": int or None (no HTTP answer), "json": the parsed body or None, "msg": str,
     "elapsed_ms": int}``; the generated text is ``json["text"]`` on success (SGLang, all releases).
     """
+    from ansible.module_utils.urls import open_url  # see probe_url
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = "Bearer " + api_key
@@ -1144,6 +1168,14 @@ def run_recorded(module, p):
         except OSError as exc:
             module.fail_json(msg="could not write the launch record %s: %s (the previous record, if any, is "
                              "unchanged)" % (path, exc), **result)
+    result["lock_release"] = None
+    if p["lock_dir"] and not module.check_mode:
+        # The record was written (or was already right): release the restart lock in the same call. A failure
+        # here is not the record's: the server serves and is recorded; the caller's own release runs instead.
+        try:
+            result["lock_release"] = gpufleet_lock.release_lease(p["lock_dir"], p["lock_owner"])[0]
+        except (gpufleet_lock.LockError, OSError) as exc:
+            result["lock_release_error"] = "could not release the restart lock %s: %s" % (p["lock_dir"], exc)
     module.exit_json(**result)
 
 

@@ -101,7 +101,7 @@ def test_progress_follows_phases_per_host_and_keeps_guard_failures_apart():
     p = events.FleetProgress(clock=clock)
     p.handle(ev("runner_on_failed", "localhost", task="Check target and survey answers",
                 play="Check the command line before touching any host", res={"msg": "gpufleet_serial=abc: bad"}))
-    p.handle(ev("runner_on_start", "gpu-01", task="Check the stop method", role="sglang_stop"))
+    p.handle(ev("runner_on_start", "gpu-01", task="Note when the stop began (downtime starts here)", role="sglang_stop"))
     clock.t = 103.0
     p.handle(ev("runner_on_start", "gpu-01", task="Renew the restart lock (wait)"))
     p.handle(ev("runner_retry", "gpu-01", task="Wait for GPU memory", role="gpu_memory_wait",

@@ -622,6 +622,42 @@ def test_recorded_keeps_the_previous_record_when_the_write_fails(tmp_path, capsy
     assert path.read_text() == '{"pid": 1}\n'
 
 
+def test_recorded_releases_the_restart_lock_it_is_given_after_the_record_and_leaves_another_runs_lock(
+        tmp_path, capsys):
+    lock = str(tmp_path / "restart.lock")
+    path = tmp_path / "launch.json"
+    proc_mod.gpufleet_lock.take_lease(lock, {"run_id": "run-1"}, 300)
+    args = {"state": "recorded", "record_file": str(path), "record": {"pid": 7}, "lock_dir": lock,
+            "lock_owner": "run-1"}
+    # Check mode writes nothing and releases nothing.
+    rc, result = run_main(dict(args, _ansible_check_mode=True), capsys)
+    assert rc == 0 and result["lock_release"] is None and os.path.isdir(lock) and not path.exists()
+    rc, result = run_main(args, capsys)
+    assert rc == 0 and result["changed"] and json.loads(path.read_text()) == {"pid": 7}
+    assert result["lock_release"] == "released" and not os.path.exists(lock)
+    # Another run's lock (taken over after this run's lease ended) stays.
+    proc_mod.gpufleet_lock.take_lease(lock, {"run_id": "run-2"}, 300)
+    rc, result = run_main(args, capsys)
+    assert rc == 0 and result["lock_release"] == "not_owner" and not result["changed"]
+    assert proc_mod.gpufleet_lock.read_holder(lock)["run_id"] == "run-2"
+
+
+def test_recorded_keeps_the_lock_when_the_record_fails_and_reports_a_failed_release_without_failing(
+        tmp_path, capsys, monkeypatch):
+    lock = str(tmp_path / "restart.lock")
+    proc_mod.gpufleet_lock.take_lease(lock, {"run_id": "run-1"}, 300)
+    args = {"state": "recorded", "record": {"pid": 7}, "lock_dir": lock, "lock_owner": "run-1"}
+    rc, result = run_main(dict(args, record_file=str(tmp_path / "missing" / "launch.json")), capsys)
+    assert rc == 1 and "does not exist" in result["msg"] and os.path.isdir(lock)
+
+    def broken(*a, **k):
+        raise proc_mod.gpufleet_lock.LockError("cannot read %s: Permission denied" % lock)
+    monkeypatch.setattr(proc_mod.gpufleet_lock, "release_lease", broken)
+    rc, result = run_main(dict(args, record_file=str(tmp_path / "launch.json")), capsys)
+    assert rc == 0 and result["changed"] and result["lock_release"] is None
+    assert "Permission denied" in result["lock_release_error"] and os.path.isdir(lock)
+
+
 def test_ready_that_cannot_attribute_the_socket_does_not_say_the_server_may_still_come_up(tmp_path, capsys,
                                                                                         monkeypatch):
     import http.server
