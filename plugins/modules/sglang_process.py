@@ -46,9 +46,9 @@ description:
     C(sglang_launch) role's launch record) as JSON (4-space indent, sorted keys) to O(record_file) atomically
     (a temporary file in the same directory, fsync, rename; mode 0644), in one module call where
     C(ansible.builtin.copy) makes three round trips (stat, file transfer, copy). RV(changed) when the file's
-    text differs. Fails, changing nothing, when the directory is missing or not writable. With O(lock_dir), the
-    restart lock O(lock_owner) holds is released right after the record is written (the caller's last step,
-    without a module call of its own); see RV(lock_release)."
+    text differs or the lock below was released. Fails, changing nothing, when the directory is missing or not
+    writable. With O(lock_dir), the restart lock O(lock_owner) holds is released right after the record is
+    written (the caller's last step, without a module call of its own); see RV(lock_release)."
   - The process outlives the Ansible task and the SSH session; stop it with the C(sglang_stop) module, which
     signals the session recorded here.
   - Idempotent; when O(pid_file) names a live process started before the file was written, nothing is
@@ -493,9 +493,14 @@ lock_release:
     - "With O(state=recorded) and O(lock_dir), what releasing the restart lock after the record found
       (C(gpufleet_lock) module_utils C(release_lease)): V(released), V(absent) (no lock was there) or V(not_owner)
       (another run holds it, left alone). Null without O(lock_dir), in check mode, and when the release failed."
-  returned: state is recorded
+  returned: state is recorded (not from a check-mode run whose directory does not exist yet)
   type: str
   sample: released
+lock_holder:
+  description: With RV(lock_release=not_owner), the lock's holder record (run_id, controller, pid, user, lease); a
+    warning names it too.
+  returned: when the lock was held by another run
+  type: dict
 lock_release_error:
   description: Why the release after the record failed (an I/O error on the lock directory); only when it did.
   returned: when that release failed
@@ -1173,9 +1178,18 @@ def run_recorded(module, p):
         # The record was written (or was already right): release the restart lock in the same call. A failure
         # here is not the record's: the server serves and is recorded; the caller's own release runs instead.
         try:
-            result["lock_release"] = gpufleet_lock.release_lease(p["lock_dir"], p["lock_owner"])[0]
+            released, holder = gpufleet_lock.release_lease(p["lock_dir"], p["lock_owner"])
         except (gpufleet_lock.LockError, OSError) as exc:
             result["lock_release_error"] = "could not release the restart lock %s: %s" % (p["lock_dir"], exc)
+        else:
+            result["lock_release"] = released
+            result["changed"] = result["changed"] or released == "released"
+            if released == "not_owner":
+                # What gpufleet_lock state=absent says: another run took the lock over after this run's lease
+                # ended (it may be restarting this host now).
+                result["lock_holder"] = holder
+                module.warn("restart lock %s left alone: it is held by run %s from %s (taken over after this run's "
+                            "lease ended)" % (p["lock_dir"], holder.get("run_id", "?"), holder.get("controller", "?")))
     module.exit_json(**result)
 
 

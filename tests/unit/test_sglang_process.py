@@ -640,6 +640,12 @@ def test_recorded_releases_the_restart_lock_it_is_given_after_the_record_and_lea
     rc, result = run_main(args, capsys)
     assert rc == 0 and result["lock_release"] == "not_owner" and not result["changed"]
     assert proc_mod.gpufleet_lock.read_holder(lock)["run_id"] == "run-2"
+    assert result["lock_holder"]["run_id"] == "run-2" and "held by run run-2" in json.dumps(result.get("warnings"))
+    # The same record again with our own lock: the release alone is a change.
+    proc_mod.gpufleet_lock.release_lease(lock, "run-2")
+    proc_mod.gpufleet_lock.take_lease(lock, {"run_id": "run-1"}, 300)
+    rc, result = run_main(args, capsys)
+    assert rc == 0 and result["changed"] and result["lock_release"] == "released" and not os.path.exists(lock)
 
 
 def test_recorded_keeps_the_lock_when_the_record_fails_and_reports_a_failed_release_without_failing(

@@ -1,0 +1,96 @@
+"""roles/sglang_verify/tasks/findings.yml in a real ansible-playbook run on a local host (no lab), on canned
+results of sglang_process state=verified: the facts it sets and the one assert's message, which names every
+failed part once."""
+import json
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FINDINGS = ROOT / "roles" / "sglang_verify" / "tasks" / "findings.yml"
+
+PLAYBOOK = """
+- hosts: all
+  gather_facts: false
+  vars:
+    _sglang_verify_url: http://127.0.0.1:30000
+    _sglang_verify_port: 30000
+    sglang_verify_min_workers: 2
+    sglang_verify_throughput: false
+  tasks:
+    - name: Judge
+      ansible.builtin.import_tasks: %s
+    - name: Show the facts
+      ansible.builtin.debug:
+        msg:
+          generate_ok: "{{ sglang_verify_generate_ok }}"
+          nccl_ok: "{{ sglang_verify_nccl_ok }}"
+          owner_ok: "{{ sglang_verify_owner_ok }}"
+""" % FINDINGS
+
+WORKER_OK = {"title": "sglang::scheduler_TP0", "pid": 11, "match": True, "missing": [], "mismatched": {}}
+WORKER_BAD = {"title": "sglang::scheduler_TP1", "pid": 12, "match": False, "missing": ["NCCL_PROTO"],
+              "mismatched": {}}
+GOOD = {"generate": {"status": 200, "json": {"text": " Paris."}, "msg": "OK"},
+        "workers": {"workers": [WORKER_OK, dict(WORKER_OK, title="sglang::scheduler_TP1", pid=12)],
+                    "worker_count": 2, "all_match": True},
+        "owner": {"ready": True, "pid": 10, "msg": "pid 10 runs and answered on its own socket"}}
+
+
+def _run(tmp_path, look):
+    """(rc, {task name: its result}) of one run through ansible-runner (its events carry every result)."""
+    import ansible_runner
+    local = dict(ansible_connection="local", ansible_python_interpreter=sys.executable, _sglang_verify_look=look)
+    (tmp_path / "inv.json").write_text(json.dumps({"all": {"hosts": {"h1": local}}}))
+    (tmp_path / "play.yml").write_text(PLAYBOOK)
+    env = {"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PATH": os.path.dirname(sys.executable) + ":" + os.environ["PATH"]}
+    pd = tmp_path / ("pd%d" % len(list(tmp_path.glob("pd*"))))
+    pd.mkdir()
+    runner = ansible_runner.run(private_data_dir=str(pd), project_dir=str(ROOT),
+                                playbook=str(tmp_path / "play.yml"), inventory=str(tmp_path / "inv.json"),
+                                envvars=env, quiet=True)
+    tasks = {ev["event_data"]["task"]: ev["event_data"]["res"] for ev in runner.events
+             if ev.get("event") in ("runner_on_ok", "runner_on_failed")}
+    return runner.rc, tasks
+
+
+def test_a_verified_server_passes_and_every_fact_is_true(tmp_path):
+    rc, tasks = _run(tmp_path, GOOD)
+    assert rc == 0, tasks
+    assert tasks["Show the facts"]["msg"] == {"generate_ok": True, "nccl_ok": True, "owner_ok": True}
+    report = tasks["Report every worker"]["msg"]
+    assert report == "sglang::scheduler_TP0 (pid 11): ok; sglang::scheduler_TP1 (pid 12): ok"
+
+
+def test_a_server_that_is_gone_is_named_once_and_the_nccl_verdict_is_unknown(tmp_path):
+    gone = "pid 10 exited with code 1 (see the server log)"
+    look = {"generate": {"status": None, "json": None, "msg": "connection refused"},
+            "workers": {"workers": [], "worker_count": 0, "all_match": False, "server_pid": None,
+                        "msg": "server pid 10 is not running"},
+            "owner": {"ready": False, "pid": 10, "msg": gone}}
+    rc, tasks = _run(tmp_path, look)
+    msg = tasks["The server generates, every worker carries the NCCL values, and the launched server owns the port"]["msg"]
+    assert rc == 2, tasks
+    assert msg.startswith("POST http://127.0.0.1:30000/generate answered ? without generated text (connection refused)")
+    assert msg.count(gone) == 1 and "No GPU worker was read: server pid 10 is not running." in msg, msg
+    assert "  " not in msg and "After verification" not in msg, msg
+    # No worker could be looked for: the summary's NCCL column must not say the patch failed.
+    assert tasks["Report every worker"]["msg"] == "no GPU worker read: server pid 10 is not running"
+    # Generated (e.g. by a stranger on the port), then gone: the look names it after the workers' part.
+    rc, tasks = _run(tmp_path, dict(look, generate=GOOD["generate"]))
+    msg = tasks["The server generates, every worker carries the NCCL values, and the launched server owns the port"]["msg"]
+    assert rc == 2 and msg == ("No GPU worker was read: server pid 10 is not running. After verification on h1: "
+                               + gone + " (the answers above do not prove the launched server serves)."), msg
+
+
+def test_every_failed_part_is_named_with_its_remedy(tmp_path):
+    look = dict(GOOD, generate={"status": 401, "json": {"error": "Unauthorized"}, "msg": "HTTP Error 401"},
+                workers={"workers": [WORKER_OK, WORKER_BAD], "worker_count": 2, "all_match": False})
+    rc, tasks = _run(tmp_path, look)
+    msg = tasks["The server generates, every worker carries the NCCL values, and the launched server owns the port"]["msg"]
+    assert rc == 2
+    assert "answered 401 without generated text" in msg and "set sglang_api_key" in msg, msg
+    assert "Workers without the configured NCCL values: sglang::scheduler_TP1." in msg, msg
+    assert "After verification" not in msg, msg
+    report = tasks["Report every worker"]["msg"]
+    assert "sglang::scheduler_TP1 (pid 12): missing NCCL_PROTO, mismatched {}" in report, report
