@@ -98,6 +98,12 @@ options:
       - Flag (with dashes) to the file names one of which its directory must hold; unlisted flags need C(config.json).
     type: dict
     default: {}
+  lock_dir:
+    description:
+      - "The restart lock directory (C(gpufleet_lock)) to read, not take: RV(restart_lock) names who holds it. A
+        preflight asks so that a host another run is restarting is refused for that reason, not for the GPU
+        memory, port and C(/dev/shm) that run's stop and launch hold at that moment."
+    type: path
 attributes:
   check_mode:
     support: full
@@ -301,6 +307,19 @@ write_access:
                    its nearest existing parent).", type: str}
     file_writable: {description: "For C(replace): whether the file itself is writable (null when missing).", type: bool}
     reason: {description: "Why not (null when RV(write_access[].ok)): owner, mode, read-only filesystem.", type: str}
+restart_lock:
+  description:
+    - With O(lock_dir), the lock's holder as C(gpufleet_lock) module_utils C(read_holder) reads owner.json - run_id,
+      controller, pid, user, started, renewed, lease_s, expires (host clock), remaining_s (s, negative once the
+      lease ended), expired (bool); null when there is no lock.
+  returned: when lock_dir is set
+  type: dict
+  sample: {run_id: "20261203T101500Z-123456", controller: awx-1, pid: 4242, user: awx, lease_s: 300,
+           expires: "2026-12-03T10:20:00Z", remaining_s: 211.4, expired: false}
+restart_lock_error:
+  description: Why the lock in O(lock_dir) could not be read (permissions, a damaged owner.json).
+  returned: when that read failed
+  type: str
 model_dirs:
   description: One entry per O(model_dirs) item, C(flag) (with dashes), C(path), C(is_dir), C(markers), C(found)
     (the marker file present, null when none).
@@ -318,6 +337,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import KNOWN_MONITORS, redact_argv
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 
 try:
     import psutil
@@ -722,6 +742,7 @@ def main():
             write_dirs=dict(type="list", elements="path", default=[]),
             model_dirs=dict(type="dict", default={}),
             model_markers=dict(type="dict", default={}),
+            lock_dir=dict(type="path"),
         ),
         mutually_exclusive=[["pid_file", "systemd_unit"]],
         supports_check_mode=True,
@@ -762,6 +783,11 @@ def main():
             result["port"] = port_info(p["port"], p["host"], managed_pid if result["managed_running"] else None)
         except psutil.AccessDenied as exc:
             module.fail_json(msg="not allowed to list TCP sockets (%s); run with become" % exc)
+    if p["lock_dir"]:
+        try:
+            result["restart_lock"] = gpufleet_lock.read_holder(p["lock_dir"].rstrip("/"))
+        except gpufleet_lock.LockError as exc:
+            result.update(restart_lock=None, restart_lock_error=str(exc))
     module.exit_json(**result)
 
 

@@ -140,9 +140,19 @@ def test_empty_survey_answers_count_as_unset(lab):
 def test_unlock_shows_the_holder_and_removes_the_lock(lab):
     host = lab.hosts[1]
     owner = {"run_id": "awx-4711", "controller": "awx-job-4711-x2f", "pid": 12, "user": "runner"}
+    before = ensure_serving(lab, host)
     took = lab.run_module("gpufleet_lock", {"path": lock_dir(lab, host), "owner": owner, "lease_s": 600}, hosts=host)
     assert took.status == "successful"
     try:
+        # A restart while another run holds the lock is refused by preflight for that reason (not for the GPU
+        # memory or port that run's stop and launch would hold at that moment), and nothing is touched.
+        refused = lab.run_playbook(RESTART, extravars=dict(FAST, target=host))
+        msgs = failed_msgs(lab, refused)
+        assert refused.status == "failed" and "locked by another restart: run awx-4711 from awx-job-4711-x2f" in msgs, msgs
+        assert "playbooks/unlock.yml -e target=" + host in msgs and "GPU" not in msgs.split("locked by")[0], msgs
+        assert ("%s: refused in preflight:" % host) in stdout_of(refused).split("GPUFLEET SUMMARY", 1)[1]
+        assert server_pid(lab, host) == before and owner_record(lab, host)["run_id"] == "awx-4711"
+
         shown = lab.run_playbook("playbooks/unlock.yml", extravars={"target": host}, check=True)
         assert shown.status == "successful", stdout_of(shown)[-3000:]
         [said] = [d["res"]["msg"] for d in lab.events(shown, "runner_on_ok", "debug") if d["host"] == host]

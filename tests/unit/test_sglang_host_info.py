@@ -339,3 +339,22 @@ def test_main_reports_gpu_after_stop_only_when_gpu_info_is_given(capsys):
     assert out["gpu_after_stop"]["holders"][0]["pid"] == me
     rc, out = run_main({}, capsys)
     assert "gpu_after_stop" not in out and out["write_access"] == [] and out["model_dirs"] == []
+
+
+def test_reads_the_restart_lock_without_taking_it(tmp_path, capsys):
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
+    lock = tmp_path / "restart.lock"
+    rc, result = run_main({"lock_dir": str(lock)}, capsys)
+    assert rc == 0 and result["restart_lock"] is None and not lock.exists()
+    gpufleet_lock.take_lease(str(lock), {"run_id": "awx-7", "controller": "awx-pod-1", "pid": 12}, 300)
+    before = (lock / "owner.json").read_text()
+    rc, result = run_main({"lock_dir": str(lock) + "/"}, capsys)
+    held = result["restart_lock"]
+    assert rc == 0 and held["run_id"] == "awx-7" and held["controller"] == "awx-pod-1"
+    assert held["expired"] is False and 290 < held["remaining_s"] <= 300
+    assert (lock / "owner.json").read_text() == before, "read only"
+    # Not readable as a lock: said, not failed.
+    lock_file = tmp_path / "file.lock"
+    lock_file.write_text("x")
+    rc, result = run_main({"lock_dir": str(lock_file)}, capsys)
+    assert rc == 0 and result["restart_lock"] is None and "not a directory" in result["restart_lock_error"]

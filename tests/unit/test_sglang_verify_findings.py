@@ -59,7 +59,7 @@ def test_a_verified_server_passes_and_every_fact_is_true(tmp_path):
     assert rc == 0, tasks
     assert tasks["Show the facts"]["msg"] == {"generate_ok": True, "nccl_ok": True, "owner_ok": True}
     report = tasks["Report every worker"]["msg"]
-    assert report == "sglang::scheduler_TP0 (pid 11): ok; sglang::scheduler_TP1 (pid 12): ok"
+    assert report == "2/2 GPU workers carry the configured NCCL values"
 
 
 def test_a_server_that_is_gone_is_named_once_and_the_nccl_verdict_is_unknown(tmp_path):
@@ -93,4 +93,5 @@ def test_every_failed_part_is_named_with_its_remedy(tmp_path):
     assert "Workers without the configured NCCL values: sglang::scheduler_TP1." in msg, msg
     assert "After verification" not in msg, msg
     report = tasks["Report every worker"]["msg"]
-    assert "sglang::scheduler_TP1 (pid 12): missing NCCL_PROTO, mismatched {}" in report, report
+    assert report == ("1/2 GPU workers carry the configured NCCL values; sglang::scheduler_TP1 (pid 12) missing "
+                      "NCCL_PROTO, mismatched {}"), report
