@@ -104,6 +104,13 @@ options:
         preflight asks so that a host another run is restarting is refused for that reason, not for the GPU
         memory, port and C(/dev/shm) that run's stop and launch hold at that moment."
     type: path
+  lock_lease_s:
+    description:
+      - With O(lock_dir), the lease (s) assumed for a lock written by an earlier release without lease fields
+        (judged by its mtime, as C(gpufleet_lock) judges it with the lease asked for). Locks with a lease carry
+        their own.
+    type: int
+    default: 300
 attributes:
   check_mode:
     support: full
@@ -743,6 +750,7 @@ def main():
             model_dirs=dict(type="dict", default={}),
             model_markers=dict(type="dict", default={}),
             lock_dir=dict(type="path"),
+            lock_lease_s=dict(type="int", default=300),
         ),
         mutually_exclusive=[["pid_file", "systemd_unit"]],
         supports_check_mode=True,
@@ -785,7 +793,7 @@ def main():
             module.fail_json(msg="not allowed to list TCP sockets (%s); run with become" % exc)
     if p["lock_dir"]:
         try:
-            result["restart_lock"] = gpufleet_lock.read_holder(p["lock_dir"].rstrip("/"))
+            result["restart_lock"] = gpufleet_lock.read_holder(p["lock_dir"].rstrip("/"), max(p["lock_lease_s"], 1))
         except gpufleet_lock.LockError as exc:
             result.update(restart_lock=None, restart_lock_error=str(exc))
     module.exit_json(**result)

@@ -5,6 +5,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -353,6 +354,16 @@ def test_reads_the_restart_lock_without_taking_it(tmp_path, capsys):
     assert rc == 0 and held["run_id"] == "awx-7" and held["controller"] == "awx-pod-1"
     assert held["expired"] is False and 290 < held["remaining_s"] <= 300
     assert (lock / "owner.json").read_text() == before, "read only"
+    # A lock of an earlier release (no lease fields) is judged by its mtime and the lease asked for.
+    legacy = tmp_path / "legacy.lock"
+    legacy.mkdir()
+    (legacy / "owner.json").write_text('{"run_id": "old-1"}')
+    os.utime(str(legacy / "owner.json"), (time.time() - 100, time.time() - 100))
+    os.utime(str(legacy), (time.time() - 100, time.time() - 100))
+    rc, result = run_main({"lock_dir": str(legacy), "lock_lease_s": 60}, capsys)
+    assert rc == 0 and result["restart_lock"]["expired"] is True
+    rc, result = run_main({"lock_dir": str(legacy)}, capsys)
+    assert rc == 0 and result["restart_lock"]["expired"] is False
     # Not readable as a lock: said, not failed.
     lock_file = tmp_path / "file.lock"
     lock_file.write_text("x")
