@@ -318,3 +318,23 @@ def remove_lock(lock_dir, check_mode=False):
         if not check_mode:
             shutil.rmtree(lock_dir)
         return not check_mode, holder
+
+
+def describe(holder):
+    """One line naming a lock holder (a :func:`read_holder` record, or None) for people: run, controller, pid,
+    user, started, renewed, lease and when it expires; the gpufleet_lock module's and sglang_process's messages."""
+    if not holder:
+        return "nobody"
+    if holder.get("remaining_s") is None:
+        when = "expires %s" % holder.get("expires", "?")
+    elif holder.get("expired"):
+        when = "lease expired %s, %.0f s ago" % (holder.get("expires", "?"), -holder["remaining_s"])
+    else:
+        when = "lease expires %s, in %.0f s" % (holder.get("expires", "?"), holder["remaining_s"])
+    text = "run %s from %s (pid %s, user %s, started %s, renewed %s, lease %s s, %s)" % (
+        holder.get("run_id", "?"), holder.get("controller", "?"), holder.get("pid", "?"),
+        holder.get("user", "?"), holder.get("started") or holder.get("taken_at") or "?",
+        holder.get("renewed", "?"), int(float(holder.get("lease_s", 0))), when)
+    if holder.get("unreadable"):
+        text += " [%s]" % holder["unreadable"]
+    return text

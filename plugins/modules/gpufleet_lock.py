@@ -149,27 +149,8 @@ import gc
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_lock import (LockError, LockLost, read_holder, release_lease, remove_lock,
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_lock import (LockError, LockLost, describe, read_holder, release_lease, remove_lock,
                                                 renew_lease, take_lease)
-
-
-def describe(holder):
-    """One line naming a lock holder for people: run, controller, pid, user, started, renewed, expires."""
-    if not holder:
-        return "nobody"
-    if holder.get("remaining_s") is None:
-        when = "expires %s" % holder.get("expires", "?")
-    elif holder.get("expired"):
-        when = "lease expired %s, %.0f s ago" % (holder.get("expires", "?"), -holder["remaining_s"])
-    else:
-        when = "lease expires %s, in %.0f s" % (holder.get("expires", "?"), holder["remaining_s"])
-    text = "run %s from %s (pid %s, user %s, started %s, renewed %s, lease %s s, %s)" % (
-        holder.get("run_id", "?"), holder.get("controller", "?"), holder.get("pid", "?"),
-        holder.get("user", "?"), holder.get("started") or holder.get("taken_at") or "?",
-        holder.get("renewed", "?"), int(float(holder.get("lease_s", 0))), when)
-    if holder.get("unreadable"):
-        text += " [%s]" % holder["unreadable"]
-    return text
 
 
 def _public(record):

@@ -1188,8 +1188,8 @@ def run_recorded(module, p):
                 # What gpufleet_lock state=absent says: another run took the lock over after this run's lease
                 # ended (it may be restarting this host now).
                 result["lock_holder"] = holder
-                module.warn("restart lock %s left alone: it is held by run %s from %s (taken over after this run's "
-                            "lease ended)" % (p["lock_dir"], holder.get("run_id", "?"), holder.get("controller", "?")))
+                module.warn("restart lock %s left alone: it is held by %s (taken over after this run's lease "
+                            "ended)" % (p["lock_dir"], gpufleet_lock.describe(holder)))
     module.exit_json(**result)
 
 
