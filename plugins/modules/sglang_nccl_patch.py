@@ -53,10 +53,27 @@ options:
         mappings and null are refused, because their string form is ambiguous (C(true) could mean C(1),
         C(True) or C(true)); quote the value you mean in YAML, for example V('1').
       - Values must not contain NUL (the environment cannot hold it) or lone surrogates.
+      - "Values of the NCCL variables whose syntax NCCL fixes are checked against what NCCL accepts (read from
+        its parsers): C(NCCL_PROTO) and C(NCCL_ALGO) (a comma-separated list of known names, C(^) to exclude,
+        or C(AllReduce:LL128;Broadcast:Simple) per collective, NCCL 2.24+), C(NCCL_P2P_LEVEL) and
+        C(NCCL_NET_GDR_LEVEL) (C(LOC), C(NVL), C(NVB), C(C2C), C(PIX), C(PXB), C(P2C), C(PXN), C(PHB), C(SYS) in
+        capitals, or a number), C(NCCL_NTHREADS) (a multiple of 32 from 64 to 512), C(NCCL_DEBUG) (a log
+        level), and the integer parameters such as C(NCCL_MAX_NCHANNELS), C(NCCL_MIN_NCHANNELS),
+        C(NCCL_BUFFSIZE), C(NCCL_NVLS_ENABLE), C(NCCL_CUMEM_ENABLE) (a plain integer, decimal or C(0x) hex;
+        counts and sizes 1 or more). NCCL itself refuses a bad C(NCCL_PROTO)/C(NCCL_ALGO) only when the workers
+        start, and quietly replaces the others by a default or by C(0). Other variables are not checked."
       - Written in name order. An empty mapping with O(state=present) leaves no block (same as O(state=absent)).
       - Any invalid name or value fails the module before the file is read or changed.
     type: dict
     default: {}
+  unchecked:
+    description:
+      - Names in O(env) whose value is written without the check above, for an NCCL release that accepts a
+        value this module does not know (for example a new C(NCCL_ALGO) name). Inventory
+        C(sglang_nccl_env_unchecked).
+    type: list
+    elements: str
+    default: []
   state:
     description:
       - V(present) inserts or replaces the managed block; V(absent) removes it, restoring the original bytes.
@@ -116,6 +133,14 @@ EXAMPLES = r"""
   sglang_nccl_patch:
     path: /sgl-workspace/sglang/python/sglang/srt/entrypoints/engine.py
     env: "{{ sglang_nccl_env }}"
+
+- name: A per-collective NCCL_ALGO of NCCL 2.24+, and a new algorithm name this module does not know yet
+  sglang_nccl_patch:
+    python: "{{ sglang_python }}"
+    env:
+      NCCL_ALGO: "AllReduce:NVLSTree,Ring;AllGather:MyNewAlgo"
+      NCCL_PROTO: "^LL128"
+    unchecked: [NCCL_ALGO]
 
 - name: Show what would change without writing (preflight)
   sglang_nccl_patch:
@@ -209,6 +234,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_text
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl import env_value_problems
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import (
     ANCHOR_TEXT,
     FUNCTION_NAME,
@@ -232,12 +258,13 @@ class PatchError(Exception):
     """Invalid input or a file the module refuses to change (message says what and what to do)."""
 
 
-def normalise_env(env):
+def normalise_env(env, unchecked=()):
     """Validate ``env`` (mapping name -> str|int) and return a list of ``(name, str value)`` sorted by name.
 
     Raises :class:`PatchError` listing every invalid entry: a name not matching ``^[A-Za-z_][A-Za-z0-9_]*$``,
     a bool/float/None/list/dict value (ambiguous string form: quote it), a value with NUL (the environment
-    cannot hold it) or with a lone surrogate (``os.environ`` cannot encode it).
+    cannot hold it) or with a lone surrogate (``os.environ`` cannot encode it), and a value NCCL would refuse
+    or misread (module_utils ``gpufleet_nccl``), except for the names in ``unchecked``.
     """
     problems = []
     items = []
@@ -260,8 +287,12 @@ def normalise_env(env):
             problems.append("%s: value contains a lone surrogate that os.environ cannot encode" % name)
             continue
         items.append((name, text))
+    value_problems = env_value_problems(items, unchecked)
+    problems.extend(value_problems)
     if problems:
-        raise PatchError("invalid env: " + "; ".join(problems))
+        raise PatchError("invalid env: " + "; ".join(problems) + (
+            ". If your NCCL release takes such a value, name the variable in sglang_nccl_env_unchecked (module "
+            "option unchecked)" if value_problems else ""))
     return sorted(items)
 
 
@@ -415,6 +446,7 @@ def run_module():
             path=dict(type="path"),
             python=dict(type="path"),
             env=dict(type="dict", default={}),
+            unchecked=dict(type="list", elements="str", default=[]),
             state=dict(type="str", default="present", choices=["present", "absent"]),
             backup=dict(type="bool", default=False),
             previous_file=dict(type="path"),
@@ -428,7 +460,7 @@ def run_module():
                   line=None, env={}, backup_file=None, previous=None, sha256=None)
 
     try:
-        items = normalise_env(params["env"]) if params["state"] == "present" else []
+        items = normalise_env(params["env"], params["unchecked"]) if params["state"] == "present" else []
     except PatchError as exc:
         module.fail_json(msg=str(exc), **result)
 

@@ -375,14 +375,18 @@ def test_driver_error_refuses_the_host_while_the_old_server_serves(fleet, servin
     assert expected in text.split("GPUs not usable: ", 1)[1]
 
 
-@pytest.mark.lab_only_once
-def test_unwritable_engine_py_refuses_the_host_naming_the_user_and_the_remedy(fleet, serving):
-    host, pids = serving
-    python = fleet.host_vars(host)["sglang_python"]
+def entrypoints_dir(lab, host):
+    """The directory of the engine.py that ``host``'s SGLang virtualenv would import (found without importing it)."""
     locate = ("import importlib.util, os, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
               "d = importlib.util.find_spec('sglang').submodule_search_locations[0]; "
               "print(os.path.join(d, 'srt', 'entrypoints'))")
-    entrypoints = fleet.exec(host, [python, "-c", locate], check=True).stdout.strip()
+    return lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", locate], check=True).stdout.strip()
+
+
+@pytest.mark.lab_only_once
+def test_unwritable_engine_py_refuses_the_host_naming_the_user_and_the_remedy(fleet, serving):
+    host, pids = serving
+    entrypoints = entrypoints_dir(fleet, host)
     # A read-only bind mount in the host's own mount namespace: os.access(W_OK) says no and writes fail with
     # EROFS, as for a root-owned virtualenv and a non-root ssh user (the lab logs in as root, which permissions
     # would not stop).
@@ -398,6 +402,20 @@ def test_unwritable_engine_py_refuses_the_host_naming_the_user_and_the_remedy(fl
         fleet, runner, host, pids, "NCCL patch could not write %s/engine.py" % entrypoints,
         "read-only filesystem", "sglang_nccl_patch_become=true")
     assert "make the SGLang virtualenv writable for root" in text
+
+
+@pytest.mark.lab_only_once
+def test_nccl_values_nccl_would_refuse_or_misread_refuse_the_host_and_engine_py_is_untouched(fleet, serving):
+    host, pids = serving
+    engine = entrypoints_dir(fleet, host) + "/engine.py"
+    before = fleet.exec(host, ["sha256sum", engine], check=True).stdout
+    env = {"NCCL_PROTO": 5, "NCCL_P2P_LEVEL": "nvl", "NCCL_BUFFSIZE": "4M", "NCCL_IB_HCA": "mlx5"}
+    runner = fleet.run_playbook(RESTART, limit=host, extravars={"sglang_nccl_env": env})
+    text = assert_refused_and_still_serving(
+        fleet, runner, host, pids, "NCCL patch would fail", "NCCL_PROTO='5': '5' not known to NCCL",
+        "NCCL_P2P_LEVEL='nvl'", "NCCL_BUFFSIZE='4M'", "sglang_nccl_env_unchecked")
+    assert "NCCL_IB_HCA" not in text  # free text, not checked
+    assert fleet.exec(host, ["sha256sum", engine], check=True).stdout == before
 
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test

@@ -423,3 +423,29 @@ def test_python_without_sglang_fails_with_advice(capsys, monkeypatch):
 def test_path_and_python_are_mutually_exclusive(tmp_path, capsys):
     result = run_main(capsys, {"python": sys.executable, "path": str(tmp_path)})
     assert result["failed"] and "mutually exclusive" in result["msg"]
+
+
+# --- NCCL values (module_utils gpufleet_nccl) ------------------------------------------------------------------
+
+def test_env_value_nccl_would_refuse_fails_naming_it_and_the_way_out():
+    with pytest.raises(patch_module.PatchError) as err:
+        patch_module.normalise_env({"NCCL_PROTO": 5, "NCCL_P2P_LEVEL": "nvl", "NCCL_IB_HCA": "mlx5"})
+    msg = str(err.value)
+    assert "NCCL_PROTO='5'" in msg and "NCCL_P2P_LEVEL='nvl'" in msg and "NCCL_IB_HCA" not in msg
+    assert "sglang_nccl_env_unchecked" in msg
+
+
+def test_unchecked_names_are_written_as_given():
+    assert patch_module.normalise_env({"NCCL_ALGO": "MyNewAlgo", "NCCL_PROTO": "LL"}, unchecked=["NCCL_ALGO"]) == [
+        ("NCCL_ALGO", "MyNewAlgo"), ("NCCL_PROTO", "LL")]
+
+
+def test_bad_nccl_value_fails_before_the_file_is_touched_and_unchecked_lets_it_through(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    before = path.read_bytes()
+    result = run_main(capsys, {"path": str(path), "env": {"NCCL_BUFFSIZE": "4M"}})
+    assert result["failed"] and "NCCL_BUFFSIZE='4M'" in result["msg"] and result["sha256"] is None
+    assert path.read_bytes() == before
+    result = run_main(capsys, {"path": str(path), "env": {"NCCL_BUFFSIZE": "4M"}, "unchecked": ["NCCL_BUFFSIZE"]})
+    assert result["changed"] and result["env"] == {"NCCL_BUFFSIZE": "4M"}
+    assert b"NCCL_BUFFSIZE" in path.read_bytes()
