@@ -21,10 +21,10 @@ setup: system-packages venv
 
 # The lab needs a real sshd and iproute2; the systemd lab (LAB_INIT=systemd, and `make test`, which runs the
 # systemd lab tests: SYSTEMD_LAB=1) also systemd-nspawn and sudo; the check.yml HTML report test renders in
-# headless chromium. Nothing else comes from the OS.
+# headless chromium (`make test`: REPORT_BROWSER=1; `make demo` does without). Nothing else comes from the OS.
 system-packages:
 	@need=""; command -v /usr/sbin/sshd >/dev/null || need="$$need openssh-server"; \
-	 command -v chromium >/dev/null || need="$$need chromium"; \
+	 if [ "$(REPORT_BROWSER)" = 1 ]; then command -v chromium >/dev/null || need="$$need chromium"; fi; \
 	 command -v ip >/dev/null || need="$$need iproute2"; \
 	 command -v unshare >/dev/null || need="$$need util-linux"; \
 	 command -v ssh >/dev/null || need="$$need openssh-client"; \
@@ -69,7 +69,7 @@ lab-down:
 DEMO_INVENTORY ?= $(if $(filter .lab ./.lab,$(LAB_DIR)),inventory/lab,$(LAB_DIR)/inventory)
 demo: lab-up
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) playbooks/restart.yml
-	@echo; echo "=== second run: every host restarted again, still green ==="; echo
+	@echo; echo "=== second run: the lab started with no server, so run 1 was a first launch on every host; now a real rolling restart ==="; echo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) playbooks/restart.yml
 
 # Rolling restart under continuous load behind the real sglang-router (PyPI, requirements/controller.txt), with the
@@ -85,6 +85,7 @@ roll-under-load: setup
 PYTEST_WORKERS ?= 2
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 test: SYSTEMD_LAB = 1
+test: REPORT_BROWSER = 1
 test: setup venv-new
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 	PATH=$(CURDIR)/$(VENV_NEW)/bin:$$PATH $(VENV_NEW)/bin/python -m pytest -m "not lab_only_once" $(PYTEST_XDIST) $(PYTEST_ARGS)

@@ -16,6 +16,9 @@ description:
     banner (a list message is joined with C(; ), whitespace folded, cut after 240 characters). A looped
     C(debug) prints nothing at verbosity 0 (its items changed nothing)."
   - "Warnings and deprecation notices of hidden results are still printed."
+  - "A failed C(fail) or C(assert) task (a message the playbooks write for people) prints as
+    C(fatal: [<host>]: <message>), the message as text (a list one item per line, indented), without the JSON dump and
+    without ansible-core's C([ERROR]) block that repeats the same message with the task's file and line."
   - "With C(-v) or more it prints exactly what C(default) prints. The options are those of C(default);
     C(display_ok_hosts) and C(display_skipped_hosts) apply from C(-v) on."
   - "Nothing is lost for AWX or ansible-runner: job events carry every result whatever the stdout callback
@@ -28,12 +31,16 @@ requirements:
   - set as stdout in configuration (ansible.cfg C(stdout_callback = gpufleet.fleet.gpufleet_default))
 """
 
+from ansible import constants as C
 from ansible.plugins.callback.default import CallbackModule as DefaultCallbackModule
 from ansible.playbook.task_include import TaskInclude
 
 
 # Longest debug message printed at verbosity 0 (characters); -v prints it whole.
 MAX_MESSAGE_CHARS = 240
+# Actions whose failure message is written for people: printed as text at verbosity 0.
+MESSAGE_ACTIONS = frozenset("%s%s" % (prefix, name) for prefix in ("", "ansible.builtin.", "ansible.legacy.")
+                            for name in ("fail", "assert"))
 
 
 def _message_text(msg):
@@ -99,6 +106,23 @@ class CallbackModule(DefaultCallbackModule):
                 self._handle_warnings_and_exception(result)
             return
         super().v2_runner_on_ok(result)
+
+    def v2_runner_on_failed(self, result, ignore_errors=False):
+        if not self._quiet() or result.task.action not in MESSAGE_ACTIONS or "msg" not in result.result \
+                or (result.task.loop and "results" in result.result):
+            return super().v2_runner_on_failed(result, ignore_errors)
+        if self._last_task_banner != result.task._uuid:
+            self._print_task_banner(result.task)
+        # ansible-core 2.19+ would print the same message again as an [ERROR] block with the task's origin.
+        result.result.pop("exception", None)
+        self._handle_warnings_and_exception(result)
+        msg = result.result["msg"]
+        text = "\n    ".join(str(m) for m in msg) if isinstance(msg, (list, tuple)) else str(msg)
+        self._display.display("fatal: [%s]: %s" % (self.host_label(result), text), color=C.COLOR_ERROR,
+                              stderr=self.get_option("display_failed_stderr"))
+        if ignore_errors:
+            self._display.display("...ignoring", color=C.COLOR_SKIP)
+        return None
 
     def v2_runner_on_skipped(self, result):
         if self._quiet():

@@ -207,6 +207,15 @@ def build_rows(targets, rows, fact_rows, unreachable, failed):
     return out
 
 
+def _said_by_a_row(message, rows):
+    """True when a row's cause already says ``message`` (a guard's failure: its errors joined by " | " and
+    ". Nothing was changed." where the rows the guard publishes join them by "; ")."""
+    def norm(text):
+        return " ".join(str(text).replace(" | ", "; ").split())
+    said = norm(message)
+    return any(row.get("cause") and said.startswith(norm(row["cause"])) for row in rows)
+
+
 def render(rows, table):
     """The summary text: the table (``table`` = gpufleet_summary_table), the notes of hosts that are ok (a first
     launch), one line per note with the hosts it concerns, and a note per host that is not ok."""
@@ -324,4 +333,7 @@ class CallbackModule(CallbackBase):
         else:
             self._display.display("no host was restarted")
         for message in self._guard_failures:
-            self._display.display("refused before touching any host: %s" % _first_line(message, 600))
+            if _said_by_a_row(message, rows):
+                self._display.display("refused before touching any host (the cause is in the rows above)")
+            else:
+                self._display.display("refused before touching any host: %s" % _first_line(message, 600))

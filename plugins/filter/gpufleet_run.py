@@ -473,8 +473,8 @@ def gpufleet_restart_row(facts):
     this run launched one on a host without: a first launch, or a host that was down); ``rollback``
     ("state: detail"); ``downtime_s`` (s from the start of the stop
     until a server answered again; 0.0 when no server ran before; for a host still down: so far, with
-    ``still_down`` true; null when nothing was stopped); ``release_wait_ms``, ``tokens_per_s``, ``nccl``
-    (ok|fail|null), ``old_pid``, ``new_pid`` (after a rollback, the relaunched previous server's pid).
+    ``still_down`` true; null when nothing was stopped); ``release_wait_ms`` (null when no server ran before
+    this run), ``tokens_per_s``, ``nccl`` (ok|fail|null), ``old_pid``, ``new_pid`` (after a rollback, the relaunched previous server's pid).
     """
     f = dict(facts or {})
     host = str(f.get("host") or "?")
@@ -563,7 +563,8 @@ def gpufleet_restart_row(facts):
     elif first_launch:
         row["advice"] = ("no server ran before this run (a first launch, or the host was down), so none was "
                          "interrupted (downtime_s 0.0)")
-    row["release_wait_ms"] = _num(f.get("release_wait_ms"))
+    # Nothing ran before this run: no memory was released, whatever the wait's first poll took.
+    row["release_wait_ms"] = _num(f.get("release_wait_ms")) if was_serving else None
     row["tokens_per_s"] = _num(f.get("tokens_per_s"))
     nccl = f.get("nccl_ok")
     row["nccl"] = None if nccl is None or check else ("ok" if str(nccl).lower() in ("true", "1", "yes") else "fail")

@@ -93,6 +93,9 @@ KEYS = {
                                  "alternating runs", None),
     "batch8_fast_host_downtime_ratio": ("×", "gpufleet_serial=8 on 8 hosts, one with slow_load_s=20: median "
                                         "downtime of the 7 others / single-host downtime", "≤ 1.2"),
+    "batch8_fast_vs_even_batch_ratio": ("×", "the same 7 hosts' median downtime / the median downtime of the same "
+                                        "batch of 8 without a slow host, run right before it: what the slow "
+                                        "host costs the others, apart from 8 hosts sharing this machine", None),
 }
 # What each measurement group produces (--only takes keys or group names).
 GROUPS = {
@@ -103,7 +106,7 @@ GROUPS = {
     "scaling_info": [],
     "checkplay": ["checkplay_s_64"],
     "mitogen": ["check_s_64_mitogen", "check_mitogen_vs_default_ratio_64"],
-    "batch8": ["batch8_fast_host_downtime_ratio"],
+    "batch8": ["batch8_fast_host_downtime_ratio", "batch8_fast_vs_even_batch_ratio"],
     "restart64": ["restart_all_at_once_64_vs_1_ratio"],
     "module_exit": ["module_exit_ms", "module_exit_ms_no_freeze"],
 }
@@ -213,6 +216,21 @@ def stats(values, unit, command, reason=None, digits=3):
     if reason:
         entry["note"] = reason
     return entry
+
+
+def batch_pair_ratio(fast, even, res, command):
+    """Entry for ``batch8_fast_vs_even_batch_ratio``: median of ``fast`` (downtimes in s of the batch's hosts other
+    than the slow one) over the median downtime of every host of ``even`` (the same batch restarted right before,
+    without a slow host). ``res``/``even``: restart results (``status``, ``hosts`` → ``downtime_s``). One paired run;
+    null with the reason when either run failed or measured nothing."""
+    f = [x for x in fast if x is not None]
+    e = [v["downtime_s"] for v in even["hosts"].values() if v["downtime_s"] is not None]
+    if res["status"] != "successful" or even["status"] != "successful" or not f or not e:
+        return stats([], "×", command, "restart runs %s (slow host) and %s (no slow host), %d and %d downtimes"
+                     % (res["status"], even["status"], len(f), len(e)))
+    return stats([statistics.median(f) / statistics.median(e)], "×", command,
+                 "one paired run: the 7 fast hosts' median %.2f s with a slow host in the batch, the batch's median "
+                 "%.2f s without one" % (statistics.median(f), statistics.median(e)))
 
 
 def replace_section(text, body, begin=BEGIN_MARK, end=END_MARK):
@@ -771,12 +789,13 @@ class Bench:
         hosts = self.lab.hosts[:8]
         if len(hosts) < 8:
             self.keys["batch8_fast_host_downtime_ratio"] = stats([], "×", "", "lab has fewer than 8 hosts")
+            self.keys["batch8_fast_vs_even_batch_ratio"] = stats([], "×", "", "lab has fewer than 8 hosts")
             return
         self.serving(hosts)
         # the series point: a batch of 8, no fault
-        res = self.restart(hosts, serial=8)
-        progress("batch 8 (no fault): %s, downtimes %s" % (res["status"], [_fmt(v["downtime_s"]) for v in res["hosts"].values()]))
-        self._batch_point(8, res)
+        even = self.restart(hosts, serial=8)
+        progress("batch 8 (no fault): %s, downtimes %s" % (even["status"], [_fmt(v["downtime_s"]) for v in even["hosts"].values()]))
+        self._batch_point(8, even)
         slow = hosts[-1]
         self.lab.fault(slow, slow_load_s=20)
         try:
@@ -789,6 +808,7 @@ class Bench:
         cmd = ("lab.py fault %s slow_load_s=20; ansible-playbook -i <lab> playbooks/restart.yml -e target=%s "
                "-e gpufleet_serial=8" % (slow, ",".join(hosts)))
         self.keys["batch8_fast_host_downtime_ratio"] = self._ratio(fast, cmd, res)
+        self.keys["batch8_fast_vs_even_batch_ratio"] = batch_pair_ratio(fast, even, res, cmd)
 
     def _ratio(self, downtimes, cmd, res):
         """median(downtimes) / median single-host downtime of this session, as a one-run entry."""

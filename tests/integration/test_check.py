@@ -118,7 +118,7 @@ def test_healthy_fleet_is_ok_with_table_stats_json_html_and_textfile(lab, served
     assert "<link" not in text and "<script" not in text and "http" not in text.split("<body>")[0]
     chromium = shutil.which("chromium")
     if not chromium:
-        pytest.skip("chromium not installed (make system-packages installs it)")
+        pytest.skip("chromium not installed (make system-packages REPORT_BROWSER=1 installs it)")
     profile = tempfile.mkdtemp(prefix="i11-chromium-")
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--disable-component-update", "--disable-sync", "--no-first-run", "--user-data-dir=" + profile]

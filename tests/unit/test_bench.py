@@ -111,6 +111,15 @@ def test_stats_median_spread_and_null_with_reason():
     assert n["value"] is None and n["reason"] == "lab has 8 hosts, not 64" and n["runs"] == 0
 
 
+def test_batch_pair_ratio_sets_the_fast_hosts_against_the_same_batch_without_a_slow_host():
+    even = {"status": "successful", "hosts": {"h%d" % i: {"downtime_s": d} for i, d in enumerate([10, 12, 14, 11])}}
+    slow = {"status": "successful", "hosts": {}}
+    e = bench.batch_pair_ratio([11.0, 13.0, None, 12.0], even, slow, "cmd")
+    assert e["value"] == round(12.0 / 11.5, 3) and e["runs"] == 1 and "12.00 s" in e["note"] and "11.50 s" in e["note"]
+    failed = bench.batch_pair_ratio([11.0], dict(even, status="failed"), slow, "cmd")
+    assert failed["value"] is None and "failed (no slow host)" in failed["reason"]
+
+
 def test_replace_section_keeps_the_rest_of_the_file():
     text = "# Benchmarks\n\nhand-written\n\n%s\nold generated\n%s\n\n## After\nmore\n" % (bench.BEGIN_MARK,
                                                                                       bench.END_MARK)

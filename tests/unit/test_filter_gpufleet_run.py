@@ -227,6 +227,9 @@ def test_downtime_comes_from_the_targets_clock_when_stop_and_ready_times_are_kno
 def test_first_run_without_an_old_server_has_no_downtime():
     row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0))
     assert row["downtime_s"] == 0.0 and row["old_pid"] is None and row["result"] == "ok"
+    # the wait's first poll took 250 ms, but no memory was released: not a release time
+    assert row["release_wait_ms"] is None
+    assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1030.0))["release_wait_ms"] == 250
 
 
 def test_first_launch_says_so_instead_of_passing_for_an_instant_restart():

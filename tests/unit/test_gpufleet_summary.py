@@ -235,3 +235,17 @@ def test_check_table_stays_silent_under_a_json_stdout_callback(monkeypatch):
         "h1": {"verdict": "OK", "reasons": [], "gpus_ok": 8, "gpus_total": 8}}}}}))
     plugin.v2_playbook_on_stats(None)
     assert plugin._display.lines == []
+
+
+def test_guard_refusal_the_rows_already_give_is_not_printed_again(monkeypatch):
+    errors = ["gpufleet_serial='abc' is not valid", "sglang_port='x' is not a port"]
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the command line before touching any host"))
+    plugin.v2_runner_on_ok(FakeResult("localhost", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    plugin.v2_runner_on_ok(FakeResult("localhost", {"ansible_stats": {"data": {"gpufleet_restart": {
+        "h1": {"host": "h1", "result": "not_reached", "cause": "; ".join(errors)}}}}}))
+    plugin.v2_runner_on_failed(FakeResult("localhost", {"msg": " | ".join(errors) + ". Nothing was changed."}))
+    plugin.v2_playbook_on_stats(None)
+    text = "\n".join(plugin._display.lines)
+    assert text.count("is not valid") == 1 and "h1: not_reached: " + "; ".join(errors) in text
+    assert plugin._display.lines[-1] == "refused before touching any host (the cause is in the rows above)"

@@ -59,7 +59,7 @@ def test_a_verified_server_passes_and_every_fact_is_true(tmp_path):
     assert rc == 0, tasks
     assert tasks["Show the facts"]["msg"] == {"generate_ok": True, "nccl_ok": True, "owner_ok": True}
     report = tasks["Report every worker"]["msg"]
-    assert report == "2/2 GPU workers carry the configured NCCL values"
+    assert report == "POST /generate gave 7 characters of text; 2/2 GPU workers carry the configured NCCL values"
 
 
 def test_a_server_that_is_gone_is_named_once_and_the_nccl_verdict_is_unknown(tmp_path):
@@ -75,7 +75,8 @@ def test_a_server_that_is_gone_is_named_once_and_the_nccl_verdict_is_unknown(tmp
     assert msg.count(gone) == 1 and "No GPU worker was read: server pid 10 is not running." in msg, msg
     assert "  " not in msg and "After verification" not in msg, msg
     # No worker could be looked for: the summary's NCCL column must not say the patch failed.
-    assert tasks["Report every worker"]["msg"] == "no GPU worker read: server pid 10 is not running"
+    assert tasks["Report every worker"]["msg"] == ("POST /generate gave no text (below); no GPU worker read: server pid 10 "
+                                                   "is not running")
     # Generated (e.g. by a stranger on the port), then gone: the look names it after the workers' part.
     rc, tasks = _run(tmp_path, dict(look, generate=GOOD["generate"]))
     msg = tasks["The server generates, every worker carries the NCCL values, and the launched server owns the port"]["msg"]
@@ -93,5 +94,5 @@ def test_every_failed_part_is_named_with_its_remedy(tmp_path):
     assert "Workers without the configured NCCL values: sglang::scheduler_TP1." in msg, msg
     assert "After verification" not in msg, msg
     report = tasks["Report every worker"]["msg"]
-    assert report == ("1/2 GPU workers carry the configured NCCL values; sglang::scheduler_TP1 (pid 12) missing "
+    assert report == ("POST /generate gave no text (below); 1/2 GPU workers carry the configured NCCL values; sglang::scheduler_TP1 (pid 12) missing "
                       "NCCL_PROTO, mismatched {}"), report

@@ -1,0 +1,48 @@
+"""plugins/callback/gpufleet_default.py (the stdout callback ansible.cfg sets) in a real ansible-playbook run on
+the local host: what a failed fail/assert task prints at verbosity 0 and with -v."""
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+PLAYBOOK = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: A refusal in lines
+      ansible.builtin.assert:
+        that: false
+        fail_msg: ["gpu-lab-01: fix the inventory; nothing was stopped or changed.", "sglang_port must be a port"]
+        quiet: true
+      ignore_errors: true
+    - name: A refusal in one message
+      ansible.builtin.fail:
+        msg: "gpufleet_serial='abc' is not valid. Nothing was changed."
+"""
+
+
+def _run(tmp_path, *args):
+    book = tmp_path / "book.yml"
+    book.write_text(PLAYBOOK)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    bindir = os.path.dirname(sys.executable)
+    proc = subprocess.run([os.path.join(bindir, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(book),
+                           *args], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+def test_a_failed_fail_or_assert_prints_its_message_once_as_text(tmp_path):
+    out = _run(tmp_path)
+    assert "fatal: [localhost]: gpufleet_serial='abc' is not valid. Nothing was changed.\n" in out
+    assert out.count("is not valid") == 1  # no [ERROR] block, no JSON dump repeating it
+    assert "[ERROR]" not in out and "FAILED! =>" not in out
+    assert ("fatal: [localhost]: gpu-lab-01: fix the inventory; nothing was stopped or changed.\n"
+            "    sglang_port must be a port\n...ignoring") in out
+
+
+def test_with_v_it_prints_what_ansibles_default_prints(tmp_path):
+    out = _run(tmp_path, "-v")
+    assert "fatal: [localhost]: FAILED! =>" in out
