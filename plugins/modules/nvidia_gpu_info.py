@@ -30,6 +30,20 @@ options:
     type: list
     elements: raw
     default: []
+  fields:
+    description:
+      - GPU fields to return per GPU, each by its key in RV(gpus) (V(memory_used_mib)) or by its nvidia-smi
+        C(--query-gpu) name (V(memory.used), V(utilization.gpu), V(temperature.gpu), V(power.draw)); V(nvlinks)
+        and V(processes) name those lists. C(index) is always returned, and C(unsupported) holds only the fields
+        asked for. Empty (the default) returns every field.
+      - With O(fields) set, NVLink links are read only when V(nvlinks) is among them, and processes (and
+        RV(device_holders)) only when V(processes) is, whatever O(nvlink) and O(processes) say, so a short answer
+        also costs less (on the nvidia-smi backend two runs instead of five).
+      - A name that is not a field fails the task before any GPU is read (C(error_class=bad_option)), listing
+        the names there are.
+    type: list
+    elements: str
+    default: []
   processes:
     description:
       - Discover the processes on each GPU and the holders of C(/dev/nvidia*). Needs C(psutil) on the target.
@@ -118,6 +132,12 @@ EXAMPLES = r"""
 - name: Show memory per GPU
   ansible.builtin.debug:
     msg: "{{ gpu.gpus | map(attribute='memory_used_mib') | list }}"
+
+- name: Memory and utilization only, as nvidia-smi names them
+  # ad hoc: ansible gpu_hosts -m gpufleet.fleet.nvidia_gpu_info -a 'fields=memory.used,utilization.gpu xid_window_min=0'
+  nvidia_gpu_info:
+    fields: [memory.used, memory.total, utilization.gpu]
+    xid_window_min: 0
 
 - name: Two GPUs by index and one by UUID, no process discovery, force nvidia-smi
   nvidia_gpu_info:
@@ -345,7 +365,7 @@ xid_reason:
 error_class:
   description: "On failure: C(driver_not_loaded), C(driver_mismatch), C(no_devices), C(fewer_gpus),
     C(gpu_lost), C(device_handle_error), C(timeout), C(backend_unavailable), C(missing_library),
-    C(bad_selector) or C(backend_error)."
+    C(bad_selector), C(bad_option) or C(backend_error)."
   returned: failure
   type: str
   sample: driver_mismatch
@@ -357,6 +377,8 @@ import os
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import (
     BACKEND_CHOICES,
+    GPU_FIELDS,
+    SMI_GPU_QUERY,
     GpuError,
     gpu_processes,
     resolve_selectors,
@@ -388,12 +410,59 @@ def xid_text(report):
         "%s %s" % (e["time"], e["text"]) for e in report["xid_events"][-5:]))
 
 
+# The lists a GPU entry can carry besides GPU_FIELDS, and the nvidia-smi --query-gpu name of each field.
+LIST_FIELDS = ("nvlinks", "processes")
+SMI_NAMES = {smi: key for smi, key, _ in SMI_GPU_QUERY}
+
+
+def resolve_fields(names):
+    """The GPU entry keys ``names`` (list of str: keys, nvidia-smi --query-gpu names, ``nvlinks``,
+    ``processes``) ask for, ``index`` first, without repeats; ``None`` for an empty list (every field).
+
+    Raises ValueError naming the unknown names and the names there are.
+    """
+    if not names:
+        return None
+    keys, unknown = ["index"], []
+    for name in names:
+        key = SMI_NAMES.get(name, name)
+        if key not in GPU_FIELDS and key not in LIST_FIELDS or key == "unsupported":
+            unknown.append(name)
+        elif key not in keys:
+            keys.append(key)
+    if unknown:
+        raise ValueError("fields: %s not a GPU field. Fields are the keys of gpus (%s, %s) or their nvidia-smi "
+                         "--query-gpu names (%s)" % (", ".join(repr(n) for n in unknown),
+                                                     ", ".join(k for k in GPU_FIELDS if k != "unsupported"),
+                                                     ", ".join(LIST_FIELDS), ", ".join(SMI_NAMES)))
+    return keys
+
+
+def only_fields(gpus, keys):
+    """``gpus`` cut to ``keys`` (from :func:`resolve_fields`; None keeps everything); ``unsupported`` keeps the
+    raw answers of those keys only, and is left out when none of them is unsupported."""
+    if keys is None:
+        return gpus
+    out = []
+    for gpu in gpus:
+        cut = {k: gpu[k] for k in keys if k in gpu}
+        unsupported = {k: v for k, v in (gpu.get("unsupported") or {}).items() if k in keys}
+        if unsupported:
+            cut["unsupported"] = unsupported
+        out.append(cut)
+    return out
+
+
 def gather(backend, selectors, processes=True, fallback_reason=None, exclude_pids=None, nvlink=True,
-           xid=None):
+           xid=None, fields=None):
     """Build the module's result from an open backend (plain function, no Ansible needed).
 
-    ``xid`` is an :func:`xid_report` dict (None: not read); its keys are merged into the result.
+    ``xid`` is an :func:`xid_report` dict (None: not read); its keys are merged into the result. ``fields``
+    (keys from :func:`resolve_fields`, None for all) cuts each GPU entry; NVLink and processes are then read
+    only when asked for there.
     """
+    if fields is not None:
+        nvlink, processes = "nvlinks" in fields, "processes" in fields
     inventory = backend.inventory()
     indices = resolve_selectors(selectors, inventory)
     system = backend.system()
@@ -421,7 +490,7 @@ def gather(backend, selectors, processes=True, fallback_reason=None, exclude_pid
         "driver_version": system.get("driver_version"),
         "cuda_version": system.get("cuda_version"),
         "gpu_count": len(inventory),
-        "gpus": gpus,
+        "gpus": only_fields(gpus, fields),
         "device_holders": holders,
     }
     if xid is not None:
@@ -433,6 +502,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             gpus=dict(type="list", elements="raw", default=[]),
+            fields=dict(type="list", elements="str", default=[]),
             processes=dict(type="bool", default=True),
             backend=dict(type="str", choices=list(BACKEND_CHOICES), default="auto"),
             expected_count=dict(type="int"),
@@ -444,7 +514,11 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    if params["processes"] and not HAS_PSUTIL:
+    try:
+        fields = resolve_fields(params["fields"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc), error_class="bad_option")
+    if (params["processes"] if fields is None else "processes" in fields) and not HAS_PSUTIL:
         module.fail_json(msg=missing_required_lib("psutil") + " (or set processes: false)",
                          exception=str(PSUTIL_IMPORT_ERROR), error_class="missing_library")
     for key in ("timeout_s", "xid_window_min", "expected_count"):
@@ -465,7 +539,7 @@ def main():
 
     result = run_on_backend(module, lambda backend, reason: gather(
         backend, params["gpus"], params["processes"], reason, exclude_pids={os.getpid()},
-        nvlink=params["nvlink"], xid=read_xid()), timeout_s=params["timeout_s"],
+        nvlink=params["nvlink"], xid=read_xid(), fields=fields), timeout_s=params["timeout_s"],
         expected_count=params["expected_count"], on_fail=on_fail, smi_prefetch_details=True)
     module.exit_json(**result)
 

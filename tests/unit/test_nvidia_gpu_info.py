@@ -240,7 +240,7 @@ def test_info_nvlink_state_through_nvml(monkeypatch, nvml, no_holders):
 
 
 @pytest.mark.parametrize("name, options", [
-    ("nvidia_gpu_info", {"gpus", "processes", "backend", "expected_count", "timeout_s", "nvlink", "xid_window_min",
+    ("nvidia_gpu_info", {"gpus", "fields", "processes", "backend", "expected_count", "timeout_s", "nvlink", "xid_window_min",
                          "kmsg_path"}),
     ("nvidia_gpu_wait", {"gpus", "max_used_mib", "require_no_processes", "poll_interval_ms", "timeout_s", "slice_s",
                          "started_at", "expected_count", "backend"}),
@@ -296,3 +296,45 @@ def test_info_prefetched_details_serve_one_details_call_only(no_holders):
     assert backend.details()[0]["memory_used_mib"] > 30000
     assert backend.details()[0]["memory_used_mib"] == 0
     assert len(smi.calls) == 2
+
+
+def test_fields_cut_each_gpu_to_the_keys_asked_by_either_name(monkeypatch, nvml, no_holders):
+    done = run_main(monkeypatch, MODULE, {"fields": ["memory.used", "utilization_gpu_pct", "memory.used"]})
+    assert not done.failed, done.result
+    gpus = done.result["gpus"]
+    assert [list(g) for g in gpus] == [["index", "memory_used_mib", "utilization_gpu_pct"]] * 2
+    assert gpus[0]["memory_used_mib"] == 31339 and done.result["device_holders"] == []  # processes not asked
+
+
+def test_fields_read_nvlinks_and_processes_only_when_asked(monkeypatch, smi_only, no_holders, tmp_path):
+    log = tmp_path / "smi-calls"
+    smi_only(state="loaded", call_log=log)
+    done = run_main(monkeypatch, MODULE, {"fields": ["memory.used", "power.draw"]})
+    assert not done.failed, done.result
+    assert [c.split("=", 1)[0] for c in log.read_text().splitlines()] == ["--query-gpu", ""]
+    assert set(done.result["gpus"][0]) == {"index", "memory_used_mib", "power_draw_w"}
+    log.write_text("")
+    done = run_main(monkeypatch, MODULE, {"fields": ["processes", "nvlinks"], "processes": False, "nvlink": False})
+    assert not done.failed, done.result
+    assert [c.split("=", 1)[0] for c in log.read_text().splitlines()] == ["--query-gpu", "", "nvlink -s", "nvlink -e",
+                                                                         "--query-compute-apps"]
+    assert set(done.result["gpus"][0]) == {"index", "nvlinks", "processes"} and done.result["gpus"][0]["processes"]
+
+
+def test_fields_keep_the_raw_answer_of_an_unsupported_field_asked_for(monkeypatch, smi_only, no_holders):
+    smi_only(state="loaded")
+    full = run_main(monkeypatch, MODULE, {"processes": False}).result["gpus"][0]
+    raw = sorted(full["unsupported"])
+    assert raw, full  # the H200 recording prints [N/A] for some fields
+    done = run_main(monkeypatch, MODULE, {"fields": [raw[0], "memory.used"]})
+    gpu = done.result["gpus"][0]
+    assert gpu[raw[0]] is None and gpu["unsupported"] == {raw[0]: full["unsupported"][raw[0]]}
+    assert "unsupported" not in run_main(monkeypatch, MODULE, {"fields": ["memory.used"]}).result["gpus"][0]
+
+
+def test_an_unknown_field_fails_before_any_gpu_is_read(monkeypatch, nvml):
+    done = run_main(monkeypatch, MODULE, {"fields": ["memory.used", "memory.free_gb", "unsupported"]})
+    assert done.failed and done.result["error_class"] == "bad_option"
+    assert "'memory.free_gb', 'unsupported' not a GPU field" in done.result["msg"]
+    assert "memory_used_mib" in done.result["msg"] and "utilization.gpu" in done.result["msg"]
+    assert nvml.fake.initialized == 0
