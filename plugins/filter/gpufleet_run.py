@@ -501,9 +501,11 @@ def gpufleet_restart_row(facts):
                    advice="another run is restarting this host: wait for it, or for its lease to end; if it is "
                           "certainly gone, run playbooks/unlock.yml -e target=%s" % host)
         return row
+    # The run stopped a server and started none without failing: only some phases ran (--tags stop).
+    stop_only = (stopped and was_serving and not failed and ready_at is None and _pid(f.get("new_pid")) is None)
     if not failed:
         row["result"] = "check" if check else "ok"
-        serving = True
+        serving = not stop_only
     else:
         row["result"] = "rolled_back" if rb_state == "rolled_back" else "failed"
         row["phase"] = f.get("failed_phase") or f.get("phase")
@@ -563,6 +565,10 @@ def gpufleet_restart_row(facts):
     elif first_launch:
         row["advice"] = ("no server ran before this run (a first launch, or the host was down), so none was "
                          "interrupted (downtime_s 0.0)")
+    elif stop_only:
+        row["advice"] = ("only the stop ran (tags): the server was stopped and none was started, so this host serves "
+                         "nothing now; start it with playbooks/restart.yml -e target=%s --tags launch, or %s"
+                         % (host, rerun))
     # Nothing ran before this run: no memory was released, whatever the wait's first poll took.
     row["release_wait_ms"] = _num(f.get("release_wait_ms")) if was_serving else None
     row["tokens_per_s"] = _num(f.get("tokens_per_s"))

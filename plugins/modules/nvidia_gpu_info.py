@@ -412,7 +412,7 @@ def xid_text(report):
 
 # The lists a GPU entry can carry besides GPU_FIELDS, and the nvidia-smi --query-gpu name of each field.
 LIST_FIELDS = ("nvlinks", "processes")
-SMI_NAMES = {smi: key for smi, key, _ in SMI_GPU_QUERY}
+SMI_NAMES = {smi: key for smi, key, _ in SMI_GPU_QUERY if key in GPU_FIELDS}
 
 
 def resolve_fields(names):

@@ -24,7 +24,8 @@ description:
   - "With O(stop_preview), /dev/shm space that the stop frees counts as free: segments the stop would remove now
     and segments held only by stop-set processes (removed as stale after they die) (RV(shm.free_after_stop_mib))."
   - "Write access (C(os.access) as the user the module runs as, so run it with the same C(become) as the task that
-    will write): O(replace_files) need a writable directory (a temporary file is renamed over them);
+    will write): O(replace_files) need a writable directory (a temporary file is renamed over them) and must not be
+    mount points of their own (a file bind-mounted there: the rename fails with EBUSY; from C(/proc/self/mountinfo));
     O(write_dirs) must be writable, or creatable under their nearest existing parent (RV(write_access))."
   - Local model directories (O(model_dirs)) must hold one of their marker files, e.g. C(config.json); an empty
     directory (an unmounted mount point) does not (RV(model_dirs)).
@@ -313,7 +314,8 @@ write_access:
     checked_path: {description: "The directory whose permissions decide (the file's directory, the directory, or
                    its nearest existing parent).", type: str}
     file_writable: {description: "For C(replace): whether the file itself is writable (null when missing).", type: bool}
-    reason: {description: "Why not (null when RV(write_access[].ok)): owner, mode, read-only filesystem.", type: str}
+    reason: {description: "Why not (null when RV(write_access[].ok)): owner, mode, read-only filesystem, or (for
+             C(replace)) the file being a mount point of its own.", type: str}
 restart_lock:
   description:
     - With O(lock_dir), the lock's holder as C(gpufleet_lock) module_utils C(read_holder) reads owner.json - run_id,
@@ -340,6 +342,7 @@ import fnmatch
 import gc
 import os
 import pwd
+import re
 import stat
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -602,18 +605,40 @@ def _why_not(path):
     return "%s belongs to %s:%s with mode %04o" % (path, _user_name(st.st_uid), st.st_gid, stat.S_IMODE(st.st_mode))
 
 
-def replace_access(path):
+def mount_points(mountinfo="/proc/self/mountinfo"):
+    """The mount points of this mount namespace (set of str), from the 5th field of ``mountinfo`` (octal escapes
+    such as ``\\040`` decoded); empty when it cannot be read."""
+    points = set()
+    try:
+        with open(mountinfo, "rb") as fh:
+            for line in fh:
+                fields = line.split(b" ")
+                if len(fields) > 4:
+                    points.add(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])
+                               .decode("utf-8", "surrogateescape"))
+    except OSError:
+        pass
+    return points
+
+
+def replace_access(path, mounts=None):
     """Whether ``path`` can be replaced the way sglang_nccl_patch writes (temporary file in its directory, then
-    rename): the directory must be writable and searchable. Returns a write_access entry (see RETURN)."""
+    rename): the directory must be writable and searchable, and the file must not be a mount point of its own (a
+    file bind-mounted over, e.g. read-only into a container: the rename fails with EBUSY whoever runs it).
+    ``mounts``: the mount points (default :func:`mount_points`). Returns a write_access entry (see RETURN)."""
     path = os.path.abspath(path)
     directory = os.path.dirname(path)
     user = _user_name(os.geteuid())
     kwargs = {"effective_ids": True} if os.access in os.supports_effective_ids else {}
     file_writable = os.access(path, os.W_OK, **kwargs) if os.path.exists(path) else None
     ok = _can_write_dir(directory)
+    reason = None if ok else "user %s cannot create files in %s (%s)" % (user, directory, _why_not(directory))
+    if ok and path in (mount_points() if mounts is None else mounts):
+        ok = False
+        reason = ("%s is a mount point of its own (a file bind-mounted there%s): renaming the patched file over it "
+                  "fails with EBUSY for any user" % (path, "" if file_writable else ", read-only"))
     return {"path": path, "purpose": "replace", "user": user, "ok": ok, "checked_path": directory,
-            "file_writable": file_writable,
-            "reason": None if ok else "user %s cannot create files in %s (%s)" % (user, directory, _why_not(directory))}
+            "file_writable": file_writable, "reason": reason}
 
 
 def dir_access(path):

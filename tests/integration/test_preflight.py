@@ -10,6 +10,7 @@ and nothing is changed on any host (runner stats).
 """
 import json
 import os
+import re
 import shlex
 import time
 
@@ -343,16 +344,27 @@ def test_foreign_gpu_job_refuses_the_host_before_the_stop_and_the_server_keeps_s
 
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
-def test_foreign_gpu_job_with_warn_is_reported_and_preflight_passes(fleet, serving):
+def test_foreign_gpu_job_with_warn_passes_only_when_the_wait_can_pass_beside_it(fleet, serving):
     host, pids = serving
     holder = start_holder(fleet, host, 5, 1000, 65534)
     try:
+        # The wait demands no compute process by default: warn would stop the server and then wait in vain.
         runner = run(fleet, {"gpufleet_preflight_gpu_holders": "warn"}, limit=host)
+        text = verdict_messages(runner)[host]
+        assert "pid %d (user nobody) holds 1000 MiB on GPU 5" % holder in text
+        assert "(warn alone does not help: the run would stop the server and then wait in vain)" in text, text
+        # what the holder leaves on GPU 5: its 1000 MiB and the lab GPU's own base use
+        left = re.search(r"set gpu_memory_wait_require_no_processes=false and gpu_memory_wait_max_used_mib=(\d+) ", text)
+        assert left and 1000 <= int(left.group(1)) <= 1024, text
+        # The wait allowed to pass beside it (1000 MiB under the 1024 MiB limit): warned, and preflight passes.
+        runner = run(fleet, {"gpufleet_preflight_gpu_holders": "warn", "gpu_memory_wait_require_no_processes": False},
+                     limit=host)
         assert task_events(runner, VERDICT)[host][0] == "runner_on_ok"
         warned = [d["res"]["msg"] for d in fleet.events(runner, "runner_on_ok")
                   if d["host"] == host and d.get("task", "").startswith("Warn about GPU holders")]
         assert len(warned) == 1 and "WARNING: GPU memory held by a process the stop will not end: pid %d" % holder \
             in warned[0][0]
+        assert "the wait after the stop passes beside it" in warned[0][0]
         assert sglang_pids(fleet, host) == pids
     finally:
         fleet.exec(host, ["kill", "-KILL", str(holder)])
@@ -400,8 +412,19 @@ def test_unwritable_engine_py_refuses_the_host_naming_the_user_and_the_remedy(fl
         fleet.exec(host, ["umount", entrypoints], check=True)
     text = assert_refused_and_still_serving(
         fleet, runner, host, pids, "NCCL patch could not write %s/engine.py" % entrypoints,
-        "read-only filesystem", "sglang_nccl_patch_become=true")
-    assert "make the SGLang virtualenv writable for root" in text
+        "read-only filesystem", "no user or become changes that: remount it read-write")
+    assert "sglang_nccl_patch_become" not in text  # root already: become would not help
+    # engine.py itself bind-mounted over (writable, even): the rename over a mount point fails with EBUSY.
+    engine = entrypoints + "/engine.py"
+    fleet.exec(host, ["mount", "--bind", engine, engine], check=True)
+    try:
+        env = {"GPUFLEET_PREFLIGHT_TEST": "bind-%d" % os.getpid()}
+        runner = fleet.run_playbook(RESTART, limit=host, extravars={"sglang_nccl_env": env})
+    finally:
+        fleet.exec(host, ["umount", engine], check=True)
+    assert_refused_and_still_serving(
+        fleet, runner, host, pids, "NCCL patch could not write %s: %s is a mount point of its own" % (engine, engine),
+        "EBUSY", "no user or become changes that")
 
 
 @pytest.mark.lab_only_once

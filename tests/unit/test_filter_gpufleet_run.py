@@ -232,6 +232,14 @@ def test_first_run_without_an_old_server_has_no_downtime():
     assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1030.0))["release_wait_ms"] == 250
 
 
+def test_a_stop_without_a_launch_is_down_not_ok_in_silence():
+    # --tags stop: the server was stopped, nothing was started and nothing failed.
+    row = run.gpufleet_restart_row(dict(BASE, new_pid=None))
+    assert row["result"] == "ok" and row["still_down"] is True and row["downtime_s"] == 100.0
+    assert row["advice"].startswith("only the stop ran (tags)") and "--tags launch" in row["advice"]
+    assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.0))["still_down"] is False
+
+
 def test_first_launch_says_so_instead_of_passing_for_an_instant_restart():
     row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0))
     assert row["advice"] == "no server ran before this run (a first launch, or the host was down), so none was interrupted (downtime_s 0.0)"

@@ -369,3 +369,19 @@ def test_reads_the_restart_lock_without_taking_it(tmp_path, capsys):
     lock_file.write_text("x")
     rc, result = run_main({"lock_dir": str(lock_file)}, capsys)
     assert rc == 0 and result["restart_lock"] is None and "not a directory" in result["restart_lock_error"]
+
+
+def test_mount_points_are_read_from_mountinfo_with_escapes_decoded(tmp_path):
+    info = tmp_path / "mountinfo"
+    info.write_bytes(b"22 1 0:21 / / rw,relatime - ext4 /dev/vda1 rw\n"
+                     b"90 22 0:21 /src/engine.py /opt/sglang/my\\040venv/engine.py ro,relatime - ext4 /dev/vda1 rw\n")
+    assert host_info.mount_points(str(info)) == {"/", "/opt/sglang/my venv/engine.py"}
+    assert host_info.mount_points(str(tmp_path / "missing")) == set()
+
+
+def test_replace_access_refuses_a_file_that_is_a_mount_point_of_its_own(tmp_path):
+    target = tmp_path / "engine.py"
+    target.write_text("x = 1\n")
+    entry = host_info.replace_access(str(target), mounts={str(target)})
+    assert entry["ok"] is False and "is a mount point of its own" in entry["reason"] and "EBUSY" in entry["reason"]
+    assert host_info.replace_access(str(target), mounts={"/"})["ok"] is True
