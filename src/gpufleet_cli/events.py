@@ -30,6 +30,25 @@ BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not
 CHECK_VERDICTS = ("OK", "WARN", "CRIT")
 
 
+# What a restart cut short in each phase leaves on the host, and what to do (a cancelled run runs no rescue).
+_RERUN = ("rerun playbooks/restart.yml -e target={host} (it takes over this run's restart lock; "
+          "playbooks/check.yml -e target={host} shows the host now)")
+CANCELED_IN = {
+    "preflight": "cancelled in preflight: nothing was changed on this host",
+    "lock": "cancelled before the patch: nothing was stopped, the old server still serves; " + _RERUN,
+    "patch": ("cancelled in the patch, before the stop: the old server still serves (engine.py may already carry "
+              "the new NCCL block, used from the next start); " + _RERUN),
+    "stop": ("cancelled after the stop began, before a new server was seen serving: this host may serve nothing "
+             "now; " + _RERUN),
+    "wait": ("cancelled after the stop, in the wait for GPU memory: this host most likely serves nothing now; "
+             + _RERUN),
+    "launch": ("cancelled in the launch: the old server is stopped and the new one may still be loading or gone; "
+               + _RERUN),
+    "verify": "cancelled in verify: the new server runs but was not verified; " + _RERUN,
+    "rollback": "cancelled during the rollback: this host may serve nothing now; " + _RERUN,
+}
+
+
 def phase_of(event_data, default=None):
     """The phase a task belongs to (str) from its role or its name's ``(<phase>)`` suffix, else ``default``.
 
@@ -136,13 +155,16 @@ class FleetProgress:
 
     def finish(self, status="successful"):
         """End the run: hosts still running are ``ok`` after a run that ended (ansible-runner status
-        successful/failed), ``canceled`` after one that was cancelled, timed out or did not finish."""
+        successful/failed), ``canceled`` after one that was cancelled, timed out or did not finish; a cancelled
+        restart host gets a cause saying what its phase leaves behind (:data:`CANCELED_IN`)."""
         now = self._clock()
         for row in self._hosts.values():
             if row["ended"] is None:
                 row["ended"] = now
             if row["state"] == "running":
                 row["state"] = "ok" if status in ("successful", "failed") else "canceled"
+                if row["state"] == "canceled" and row["phase"] in CANCELED_IN and not row["cause"]:
+                    row["cause"] = CANCELED_IN[row["phase"]].format(host=row["host"])
 
     def hosts(self):
         now = self._clock()

@@ -192,6 +192,17 @@ def test_a_cancelled_run_marks_hosts_still_running_canceled_and_fails():
     assert report["exit_code"] == 1
 
 
+def test_a_cancelled_restart_says_what_the_hosts_phase_left_behind():
+    p = events.FleetProgress()
+    p.handle(ev("runner_on_start", "gpu-01", task="Wait", role="gpu_memory_wait"))
+    p.handle(ev("runner_on_start", "gpu-02", task="Patch", role="sglang_nccl_patch"))
+    report = events.build_report("restart", p, "canceled", None, "/a")
+    wait, patch = report["hosts"]["gpu-01"], report["hosts"]["gpu-02"]
+    assert wait["result"] == "canceled" and wait["phase"] == "wait"
+    assert "most likely serves nothing now" in wait["cause"] and "-e target=gpu-01" in wait["cause"]
+    assert "the old server still serves" in patch["cause"] and "-e target=gpu-02" in patch["cause"]
+
+
 def test_check_report_prefers_the_report_file_then_set_stats_then_the_run(tmp_path):
     verdicts = {"gpu-01": {"verdict": "WARN", "reasons": [{"severity": "WARN", "gpu": 3, "code": "temp",
                                                            "text": "86 C"}], "gpus_ok": 8, "gpus_total": 8},
