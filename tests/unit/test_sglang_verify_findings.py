@@ -37,7 +37,7 @@ GOOD = {"generate": {"status": 200, "json": {"text": " Paris."}, "msg": "OK"},
         "owner": {"ready": True, "pid": 10, "msg": "pid 10 runs and answered on its own socket"}}
 
 
-def _run(tmp_path, look):
+def _run(tmp_path, look, cmdline=None):
     """(rc, {task name: its result}) of one run through ansible-runner (its events carry every result)."""
     import ansible_runner
     local = dict(ansible_connection="local", ansible_python_interpreter=sys.executable, _sglang_verify_look=look)
@@ -48,7 +48,7 @@ def _run(tmp_path, look):
     pd.mkdir()
     runner = ansible_runner.run(private_data_dir=str(pd), project_dir=str(ROOT),
                                 playbook=str(tmp_path / "play.yml"), inventory=str(tmp_path / "inv.json"),
-                                envvars=env, quiet=True)
+                                envvars=env, quiet=True, cmdline=cmdline)
     tasks = {ev["event_data"]["task"]: ev["event_data"]["res"] for ev in runner.events
              if ev.get("event") in ("runner_on_ok", "runner_on_failed")}
     return runner.rc, tasks
@@ -96,3 +96,11 @@ def test_every_failed_part_is_named_with_its_remedy(tmp_path):
     report = tasks["Report every worker"]["msg"]
     assert report == ("POST /generate gave no text (below); 1/2 GPU workers carry the configured NCCL values; sglang::scheduler_TP1 (pid 12) missing "
                       "NCCL_PROTO, mismatched {}"), report
+
+
+def test_check_mode_says_the_report_is_of_the_server_that_runs_now_and_asserts_nothing(tmp_path):
+    look = dict(GOOD, workers={"workers": [WORKER_OK, WORKER_BAD], "worker_count": 2, "all_match": False})
+    rc, tasks = _run(tmp_path, look, cmdline="--check")
+    assert rc == 0, tasks
+    report = tasks["Report every worker"]["msg"]
+    assert report.startswith("check mode, so this is the server that runs now, not restarted") and "1/2" in report
