@@ -16,6 +16,8 @@ description:
     banner (a list message is joined with C(; ), whitespace folded, cut after 240 characters). A looped
     C(debug) prints nothing at verbosity 0 (its items changed nothing)."
   - "Warnings and deprecation notices of hidden results are still printed."
+  - "A retry of a gpufleet wait slice (a result with C(progress)) prints only the task banner; the progress line
+    comes from the gpufleet_summary callback, instead of C(FAILED - RETRYING ... (N retries left))."
   - "A failed C(fail) or C(assert) task (a message the playbooks write for people) prints as
     C(fatal: [<host>]: <message>), the message as text (a list one item per line, indented), without the JSON dump and
     without ansible-core's C([ERROR]) block that repeats the same message with the task's file and line."
@@ -123,6 +125,16 @@ class CallbackModule(DefaultCallbackModule):
         if ignore_errors:
             self._display.display("...ignoring", color=C.COLOR_SKIP)
         return None
+
+    def v2_runner_retry(self, result):
+        # A gpufleet wait slice (its result carries "progress"): the summary callback prints that progress line;
+        # "FAILED - RETRYING ... (N retries left)" would call a wait that goes on a failure, with a count that is
+        # only an upper bound (the module itself ends at its timeout).
+        if self._quiet() and result.result.get("progress"):
+            if self._last_task_banner != result.task._uuid:
+                self._print_task_banner(result.task)
+            return None
+        return super().v2_runner_retry(result)
 
     def v2_runner_on_skipped(self, result):
         if self._quiet():

@@ -46,3 +46,33 @@ def test_a_failed_fail_or_assert_prints_its_message_once_as_text(tmp_path):
 def test_with_v_it_prints_what_ansibles_default_prints(tmp_path):
     out = _run(tmp_path, "-v")
     assert "fatal: [localhost]: FAILED! =>" in out
+
+
+RETRY_PLAYBOOK = """
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: A wait slice
+      ansible.builtin.debug:
+        var: progress
+      vars:
+        progress: "waiting for /health_generate: 5 s of 900 s"
+      register: slice
+      until: false
+      retries: 1
+      delay: 0
+      ignore_errors: true
+"""
+
+
+def test_a_retried_wait_slice_is_not_called_failed(tmp_path):
+    book = tmp_path / "retry.yml"
+    book.write_text(RETRY_PLAYBOOK)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    bindir = os.path.dirname(sys.executable)
+    proc = subprocess.run([os.path.join(bindir, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(book)],
+                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120)
+    out = proc.stdout + proc.stderr
+    assert "TASK [A wait slice]" in out, out
+    assert "FAILED - RETRYING" not in out, out
+    assert "  localhost: waiting for /health_generate: 5 s of 900 s" in out  # gpufleet_summary's progress line
