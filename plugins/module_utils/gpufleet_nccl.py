@@ -163,7 +163,8 @@ def value_problem(name, text):
 
 
 def env_value_problems(items, unchecked=()):
-    """Problems with the values of ``items`` (iterable of ``(name, str value)``), one sentence per bad value.
+    """Problems with the values of ``items`` (iterable of ``(name, str value)``), one sentence per bad value,
+    and with names NCCL would never read (``nccl_proto``: NCCL's getenv is case-sensitive).
 
     ``unchecked`` (iterable of names) are left out. Returns a list of str, empty when every value is one NCCL
     takes as meant.
@@ -172,6 +173,10 @@ def env_value_problems(items, unchecked=()):
     problems = []
     for name, text in items:
         if name in skip:
+            continue
+        if name.upper().startswith("NCCL_") and name != name.upper():
+            # NCCL's getenv is case-sensitive: nccl_proto is a different variable that nothing reads.
+            problems.append("%s: NCCL reads %s (capitals) and never looks at %s" % (name, name.upper(), name))
             continue
         problem = value_problem(name, text)
         if problem:

@@ -61,7 +61,8 @@ options:
         level), and the integer parameters such as C(NCCL_MAX_NCHANNELS), C(NCCL_MIN_NCHANNELS),
         C(NCCL_BUFFSIZE), C(NCCL_NVLS_ENABLE), C(NCCL_CUMEM_ENABLE) (a plain integer, decimal or C(0x) hex;
         counts and sizes 1 or more). NCCL itself refuses a bad C(NCCL_PROTO)/C(NCCL_ALGO) only when the workers
-        start, and quietly replaces the others by a default or by C(0). Other variables are not checked."
+        start, and quietly replaces the others by a default or by C(0). Other variables are not checked. A name
+        that spells C(NCCL_...) in other than capitals (C(nccl_proto)) is refused too: NCCL reads only C(NCCL_PROTO)."
       - Written in name order. An empty mapping with O(state=present) leaves no block (same as O(state=absent)).
       - Any invalid name or value fails the module before the file is read or changed.
     type: dict

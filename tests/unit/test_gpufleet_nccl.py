@@ -82,3 +82,10 @@ def test_env_value_problems_lists_each_bad_value_and_skips_unchecked_names():
     problems = N.env_value_problems(items)
     assert [p.split("=")[0] for p in problems] == ["NCCL_ALGO", "NCCL_PROTO", "NCCL_DEBUG"]
     assert [p.split("=")[0] for p in N.env_value_problems(items, unchecked=["NCCL_ALGO", "NCCL_DEBUG"])] == ["NCCL_PROTO"]
+
+
+def test_an_nccl_name_in_lower_case_is_named_because_nccl_never_reads_it():
+    problems = N.env_value_problems([("nccl_proto", "LL"), ("Nccl_Algo", "Ring"), ("NCCL_PROTO", "LL"), ("my_var", "x")])
+    assert problems == ["nccl_proto: NCCL reads NCCL_PROTO (capitals) and never looks at nccl_proto",
+                        "Nccl_Algo: NCCL reads NCCL_ALGO (capitals) and never looks at Nccl_Algo"]
+    assert N.env_value_problems([("nccl_proto", "LL")], unchecked=["nccl_proto"]) == []
