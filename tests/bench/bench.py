@@ -80,6 +80,10 @@ KEYS = {
                                     "--query-gpu=...'` (no Python on the target), 64 hosts, warm ssh", None),
     "check_floor_ping_s_64": ("s", "Ansible's floor for a Python module: `ansible gpu_hosts -m ansible.builtin.ping`, "
                               "64 hosts, warm ssh", None),
+    "check_fields_s_64": ("s", "`nvidia_gpu_info` asked only what the raw query asks (fields=index,uuid,memory.used,"
+                          "memory.total,memory.reserved xid_window_min=0: 2 nvidia-smi runs), 64 hosts, warm ssh", None),
+    "check_fields_vs_raw_ratio_64": ("×", "check_fields_s_64 / raw_s_64, medians of the same session (like for like: "
+                                     "the same question)", None),
     "check_s_64_mitogen": ("s", "the ad-hoc `nvidia_gpu_info` of check_s_64 under ANSIBLE_STRATEGY=mitogen_linear "
                            "(mitogen from requirements/bench.txt), 64 hosts", None),
     "check_mitogen_vs_default_ratio_64": ("×", "check_s_64_mitogen / the same command under the default strategy, "
@@ -102,7 +106,8 @@ GROUPS = {
     "single": ["downtime_s_1", "summary_downtime_s_1", "start_to_ready_s_1", "downtime_overhead_s_median",
                "batch_overhead_s_median"],
     "check": ["check_s_64", "raw_s_64", "check_vs_raw_ratio_64", "controller_cpu_ms_per_host_check",
-              "controller_cpu_ms_per_host_raw", "check_floor_raw_module_s_64", "check_floor_ping_s_64"],
+              "controller_cpu_ms_per_host_raw", "check_floor_raw_module_s_64", "check_floor_ping_s_64",
+              "check_fields_s_64", "check_fields_vs_raw_ratio_64"],
     "scaling_info": [],
     "checkplay": ["checkplay_s_64"],
     "mitogen": ["check_s_64_mitogen", "check_mitogen_vs_default_ratio_64"],
@@ -583,17 +588,20 @@ class Bench:
         """Ansible's own cost for the same fan-out without gpufleet's module: the raw module (one ssh exec of the
         same nvidia-smi query, no Python on the target) and ping (the smallest Python module). Same forks, warm
         connections; returns {key: [wall_s, ...]} of the successful runs."""
-        out = {"check_floor_raw_module_s_64": [], "check_floor_ping_s_64": []}
+        out = {"check_floor_raw_module_s_64": [], "check_floor_ping_s_64": [], "check_fields_s_64": []}
         for i in range(runs):
             raw = self._ansible_info(hosts, "ansible.builtin.raw",
                                      "nvidia-smi --query-gpu=%s --format=csv" % SMI_QUERY, ok_text="CHANGED")
             ping = self._ansible_info(hosts, "ansible.builtin.ping")
-            progress("%d hosts floor %d/%d: -m raw %.2f s (cpu %.2f s), -m ping %.2f s (cpu %.2f s)" % (
-                len(hosts), i + 1, runs, raw["wall_s"], raw["cpu_s"], ping["wall_s"], ping["cpu_s"]))
-            if raw["ok"]:
-                out["check_floor_raw_module_s_64"].append(raw["wall_s"])
-            if ping["ok"]:
-                out["check_floor_ping_s_64"].append(ping["wall_s"])
+            fields = self._ansible_info(hosts, args="fields=%s xid_window_min=0" % SMI_QUERY)
+            progress("%d hosts floor %d/%d: -m raw %.2f s (cpu %.2f s), -m ping %.2f s (cpu %.2f s), "
+                     "nvidia_gpu_info fields %.2f s (cpu %.2f s)" % (
+                         len(hosts), i + 1, runs, raw["wall_s"], raw["cpu_s"], ping["wall_s"], ping["cpu_s"],
+                         fields["wall_s"], fields["cpu_s"]))
+            for key, res in (("check_floor_raw_module_s_64", raw), ("check_floor_ping_s_64", ping),
+                             ("check_fields_s_64", fields)):
+                if res["ok"]:
+                    out[key].append(res["wall_s"])
         return out
 
     def _timed(self, argv, expect=None, ok_text=None):
@@ -692,13 +700,20 @@ class Bench:
                                                             cmd_r, why, digits=1)
         floors = self._floors(hosts, self.opts.runs)
         for key, walls in floors.items():
-            cmd = ("ansible -i <lab> gpu_hosts -m ansible.builtin.raw -a 'nvidia-smi --query-gpu=%s --format=csv' -o"
-                   % SMI_QUERY if "raw" in key else "ansible -i <lab> gpu_hosts -m ansible.builtin.ping -o")
+            cmd = {"check_floor_raw_module_s_64": "ansible -i <lab> gpu_hosts -m ansible.builtin.raw -a 'nvidia-smi "
+                                                  "--query-gpu=%s --format=csv' -o" % SMI_QUERY,
+                   "check_floor_ping_s_64": "ansible -i <lab> gpu_hosts -m ansible.builtin.ping -o",
+                   "check_fields_s_64": "ansible -i <lab> gpu_hosts -m gpufleet.fleet.nvidia_gpu_info -a 'fields=%s "
+                                        "xid_window_min=0' -o" % SMI_QUERY}[key]
             e = stats(walls if why is None else [], "s", cmd + " (forks %s)" % self.opts.forks,
                       why or (None if walls else "every run failed"))
             if e["value"] is not None and self.keys["raw_s_64"]["value"]:
                 e["note"] = "%.1f× the raw ssh fan-out's median" % (e["value"] / self.keys["raw_s_64"]["value"])
             self.keys[key] = e
+        fields, raw = self.keys["check_fields_s_64"]["value"], self.keys["raw_s_64"]["value"]
+        self.keys["check_fields_vs_raw_ratio_64"] = stats(
+            [fields / raw] if fields and raw else [], "×", self.keys["check_fields_s_64"]["command"] + " vs " + cmd_r,
+            why or (None if fields and raw else "no successful run of one side"))
         self._scale_points = {n: pairs}
 
     def g_scaling_info(self):

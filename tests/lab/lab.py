@@ -775,7 +775,12 @@ def main(argv=None):
     fa.add_argument("host", help="a lab host name, or all")
     fa.add_argument("knobs", nargs="*", metavar="KNOB=VALUE")
     fa.add_argument("--clear", action="store_true", help="drop all knobs before applying these")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    # argparse stops taking KNOB=VALUE after an option (fault HOST --clear slow_load_s=40): take them still.
+    if extra and args.cmd == "fault" and all("=" in e and not e.startswith("-") for e in extra):
+        args.knobs += extra
+    elif extra:
+        p.error("unrecognized arguments: %s" % " ".join(extra))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lab.py status | head` ends quietly
     try:
         return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec, "fault": cmd_fault}[args.cmd](args)

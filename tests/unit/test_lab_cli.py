@@ -37,6 +37,11 @@ def test_lab_dir_is_taken_after_the_subcommand_and_host_as_well_as_before(monkey
                  ["fault", "all", "slow_load_s=2", "tokens_per_s=9", "--lab-dir=/x"]):
         args = _parsed(monkeypatch, argv)
         assert (args["lab_dir"], args["host"], args["knobs"]) == ("/x", "all", ["slow_load_s=2", "tokens_per_s=9"]), argv
+    # an option between the knobs (found by a fresh-user trial: "unrecognized arguments: slow_load_s=40")
+    args = _parsed(monkeypatch, ["fault", "gpu-lab-03", "--lab-dir", "/x", "--clear", "slow_load_s=40"])
+    assert (args["clear"], args["knobs"]) == (True, ["slow_load_s=40"])
+    args = _parsed(monkeypatch, ["fault", "gpu-lab-03", "a=1", "--clear", "b=2"])
+    assert (args["clear"], args["knobs"]) == (True, ["a=1", "b=2"])
     for sub in ("up", "down", "status"):
         assert _parsed(monkeypatch, [sub, "--lab-dir", "/x"])["lab_dir"] == "/x"
 
