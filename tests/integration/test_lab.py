@@ -270,6 +270,18 @@ def test_memory_never_released_fault_keeps_memory_until_cleared(lab):
 
 
 @pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
+def test_a_hold_that_does_not_fit_fails_like_cuda_out_of_memory(lab):
+    host = lab.hosts[0]
+    before = lab.gpus(host)[4]["used_mib"]
+    code = ("import sys; sys.path.insert(0, %r); import gpusim\n"
+            "try:\n    gpusim.hold(4, 143156)\nexcept OSError as exc:\n    print('refused', exc)"
+            % os.path.join(ROOT, "tests", "lab"))
+    out = lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", code], check=True).stdout
+    assert "refused gpusimd refused: CUDA out of memory. Tried to allocate 143156 MiB on GPU 4" in out, out
+    assert lab.gpus(host)[4]["used_mib"] == before
+
+
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_monitor_keeps_nvidia_nodes_open_on_every_host(lab):
     for host in lab.hosts:
         procs = _ps(lab, host)

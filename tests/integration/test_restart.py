@@ -173,9 +173,10 @@ def test_check_mode_changes_nothing(lab):
 
 
 @pytest.mark.lab_only_once
-def test_memory_never_released_fails_naming_holders_then_rolls_back_to_the_old_server(lab):
-    """The wait fails naming what holds the GPUs; the run then relaunches the recorded launch (rollback), so the
-    host ends serving with a new pid of the old argv, counted as rolled_back (and the roll stops)."""
+def test_memory_never_released_fails_naming_holders_and_the_rollback_runs_out_of_memory(lab):
+    """The wait fails naming what holds the GPUs; the rollback relaunches the recorded launch, whose workers run out
+    of GPU memory beside what was never released (the lab's GPUs refuse an allocation that does not fit, as CUDA
+    does): the host ends serving nothing, and the summary says so instead of a rollback that serves."""
     host = lab.hosts[0]
     ensure_serving(lab, [host])
     old_pid = server_pid(lab, host)
@@ -188,12 +189,16 @@ def test_memory_never_released_fails_naming_holders_then_rolls_back_to_the_old_s
         assert failed["host"] == host
         msg = failed["res"]["msg"]
         assert "not released" in msg and "MiB used" in msg and "GPU 0" in msg
-        # rollback: the recorded launch runs again and serves
-        new_pid = server_pid(lab, host)
-        assert new_pid is not None and new_pid != old_pid
-        assert lab.wait_http(host, path="/health_generate", status=200, timeout_s=30) is not None
+        # rollback: the recorded launch runs again and runs out of memory, like on a real GPU
+        left = server_pid(lab, host)
+        assert left is None or not alive(lab, host, left)
+        assert lab.wait_http(host, timeout_s=1) is None
         summary = out.split("GPUFLEET SUMMARY", 1)[1]
-        assert "rolled_back" in summary, summary
+        assert "rolled_back" not in summary and "rollback: failed" in summary, summary
+        assert "previous server did not start" in summary and "The host is not serving" in summary, summary
+        state = lab.host_vars(host)["sglang_state_dir"]
+        log = lab.exec(host, ["cat", state + "/sglang.log"]).stdout
+        assert "torch.OutOfMemoryError: gpusimd refused: CUDA out of memory" in log, log[-2000:]
     finally:
         lab.clear_faults(host)
     ensure_serving(lab, [host])

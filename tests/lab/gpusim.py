@@ -13,7 +13,9 @@ Model (facts from ../../shared/recordings/h200x2-driver580/, an H200 with driver
 - Memory is held by processes registered with the host's ``gpusimd`` (see ``host_init.py``) over the
   abstract unix socket ``GPUSIMD_SOCKET`` (abstract names are per network namespace, so each lab host has
   its own). A holder connects, sends one JSON line ``{"op": "hold", "gpu": N, "mib": M}`` and keeps the
-  connection open; when it dies the daemon sees EOF and keeps the memory for ``release_delay_ms``.
+  connection open; when it dies the daemon sees EOF and keeps the memory for ``release_delay_ms``. A hold that
+  does not fit beside what is held or not yet released (total - reserved) is refused with CUDA's "out of
+  memory", as on a real GPU; the stand-in's worker then dies and the server exits 1.
 - ``gpusimd`` writes ``<host dir>/gpu/state.json`` atomically; this module only reads it.
 
 ``nvidia-smi`` output forms follow the recordings byte for byte (values aside): ``--query-gpu``,

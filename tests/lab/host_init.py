@@ -188,6 +188,15 @@ class Gpusimd:
         mib = int(msg["mib"])
         if not 0 <= gpu < gpusim.GPU_COUNT or mib < 0:
             raise ValueError("gpu must be 0..%d and mib >= 0" % (gpusim.GPU_COUNT - 1))
+        # Like CUDA: an allocation that does not fit beside what is held (or not yet released) fails; a real H200
+        # has 143771 MiB, 616 of them reserved by the driver, and a rollback onto memory still held runs out.
+        now = time.time()
+        in_use = sum(a["mib"] + gpusim.CONTEXT_OVERHEAD_MIB for a in self.allocs if a["gpu"] == gpu and (
+            a["released_at"] in (None, "never") or (isinstance(a["released_at"], (int, float)) and a["released_at"] > now)))
+        capacity = gpusim.MEMORY_TOTAL_MIB - gpusim.MEMORY_RESERVED_MIB
+        if in_use + mib + gpusim.CONTEXT_OVERHEAD_MIB > capacity:
+            raise ValueError("CUDA out of memory. Tried to allocate %d MiB on GPU %d, which has %d MiB in use of %d MiB "
+                             "(lab gpusimd)" % (mib, gpu, in_use, capacity))
         self.allocs.append({"id": self.next_id, "gpu": gpu, "mib": mib, "pid": int(msg.get("pid") or peer_pid),
                             "name": msg.get("name"), "released_at": None, "conn": conn_fd})
         self.next_id += 1

@@ -337,7 +337,14 @@ def worker_main(rank, gpu, mib, title, ready_name, ignore_sigterm, orphan, defun
                 devs.append(os.open(path, os.O_RDWR))
             except OSError:
                 pass
-        held = gpusim.hold(gpu, mib, name=title)
+        try:
+            held = gpusim.hold(gpu, mib, name=title)
+        except OSError as exc:
+            # As a scheduler that runs out of CUDA memory at start: tell the server, which exits, and die.
+            ready = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            ready.connect(ready_name)
+            ready.sendall((json.dumps({"rank": rank, "pid": os.getpid(), "error": str(exc)}) + "\n").encode())
+            os._exit(1)
     ready = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     ready.connect(ready_name)
     ready.sendall((json.dumps({"rank": rank, "pid": os.getpid(), "orphan": bool(orphan)}) + "\n").encode())
@@ -411,6 +418,9 @@ class Server:
                     break
                 line += chunk
             info = json.loads(line or b"{}")
+            if info.get("error"):
+                log("Scheduler hit an exception: torch.OutOfMemoryError: %s (TP%s)" % (info["error"], info.get("rank")))
+                self.kill_tree_and_exit(1)
             self.worker_pids[info.get("rank")] = info.get("pid")
             if not info.get("orphan"):
                 conns.append(conn)
