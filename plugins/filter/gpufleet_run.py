@@ -325,8 +325,8 @@ def gpufleet_guard_errors(values, host=None):
         errors.append(max_unavailable)
     port = values.get("sglang_port")
     if not gpufleet_unset(port):
-        problem = _int_error("sglang_port", port, 1, 65535, "give the HTTP port SGLang listens on, or leave it "
-                                                           "empty for the inventory's (default 30000)")
+        problem = _int_error("sglang_port", port, 1, 65535, "give the HTTP port SGLang listens on where it is set "
+                                                           "(host_vars, group_vars or -e), or leave it empty for 30000")
         if problem:
             errors.append(problem)
     for name in ("gpufleet_lock_lease_s", "gpufleet_lock_stale_s"):
