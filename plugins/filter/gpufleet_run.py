@@ -585,7 +585,8 @@ def gpufleet_restart_row(facts):
 def gpufleet_preflight_rows(hostvars, targets, play_hosts_all, play_hosts):
     """Rows for restart.yml's preflight verdict: ``{host: row}`` for every targeted host.
 
-    A host with the fact ``_gpufleet_refused`` (the refusal message) is ``refused``; one of ``play_hosts_all``
+    A host with the fact ``_gpufleet_refused`` (the refusal message) is ``refused``, its advice after
+    ``sglang_preflight_server_ran`` (whether a server ran when the run began); one of ``play_hosts_all``
     missing from ``play_hosts`` (it went unreachable) is ``unreachable``; every other host is ``not_started``
     with the refused hosts named. Returns {} when no host was refused or lost.
     """
@@ -607,8 +608,16 @@ def gpufleet_preflight_rows(hostvars, targets, play_hosts_all, play_hosts):
                               cause="could not be reached during preflight",
                               advice="nothing was changed on this host: check ssh, then rerun"))
     for host, message in refused.items():
-        rows.update(gpufleet_rows([host], "refused", phase="preflight", cause=message,
-                                  advice="the old server still serves: fix what the cause names, then rerun"))
+        # sglang_preflight_server_ran: whether preflight's check-mode stop found a server (null: unknown).
+        ran = hostvars[host].get("sglang_preflight_server_ran")
+        if ran is None or str(ran).lower() in ("", "none"):
+            advice = "nothing was changed on this host: fix what the cause names, then rerun"
+        elif str(ran).lower() in ("false", "no", "0"):
+            advice = ("nothing was changed, and no SGLang server ran on this host when the run began (preflight saw "
+                      "none), so it most likely serves nothing: fix what the cause names, then rerun")
+        else:
+            advice = "the old server still serves: fix what the cause names, then rerun"
+        rows.update(gpufleet_rows([host], "refused", phase="preflight", cause=message, advice=advice))
     return rows
 
 

@@ -82,8 +82,10 @@ NTHREADS_MIN, NTHREADS_MAX, WARP_SIZE = 64, 512, 32
 def strtoll(text):
     """The int NCCL's ``strtoll(text, NULL, 0)`` reads from ``text`` (str), or None when text is left over.
 
-    ``"0x10"`` is 16 and ``"010"`` is 8 (octal), as in C; ``"09"``, ``"16 "`` and ``"abc"`` give None.
+    ``"0x10"`` is 16, ``"010"`` is 8 (octal) and ``" 16"`` is 16, as in C; ``"09"``, ``"16 "`` and ``"abc"`` give
+    None.
     """
+    text = text.lstrip(" \t\n\v\f\r")  # strtoll skips leading white space (isspace)
     if _HEX.fullmatch(text):
         return int(text, 16)
     if _OCTAL.fullmatch(text):
@@ -162,9 +164,17 @@ def value_problem(name, text):
     return None
 
 
+def name_problem(name):
+    """Why NCCL would never read variable ``name`` (str), or None: NCCL's getenv is case-sensitive, so
+    ``nccl_proto`` is a variable nothing reads (``sglang_nccl_env_unchecked`` does not change that)."""
+    if name.upper().startswith("NCCL_") and name != name.upper():
+        return "%s: NCCL reads %s (capitals) and never looks at %s" % (name, name.upper(), name)
+    return None
+
+
 def env_value_problems(items, unchecked=()):
-    """Problems with the values of ``items`` (iterable of ``(name, str value)``), one sentence per bad value,
-    and with names NCCL would never read (``nccl_proto``: NCCL's getenv is case-sensitive).
+    """Problems with the values of ``items`` (iterable of ``(name, str value)``), one sentence per bad value
+    (names with a :func:`name_problem` are left to that).
 
     ``unchecked`` (iterable of names) are left out. Returns a list of str, empty when every value is one NCCL
     takes as meant.
@@ -172,11 +182,7 @@ def env_value_problems(items, unchecked=()):
     skip = set(unchecked or ())
     problems = []
     for name, text in items:
-        if name in skip:
-            continue
-        if name.upper().startswith("NCCL_") and name != name.upper():
-            # NCCL's getenv is case-sensitive: nccl_proto is a different variable that nothing reads.
-            problems.append("%s: NCCL reads %s (capitals) and never looks at %s" % (name, name.upper(), name))
+        if name in skip or name_problem(name):
             continue
         problem = value_problem(name, text)
         if problem:

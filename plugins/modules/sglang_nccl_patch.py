@@ -62,7 +62,8 @@ options:
         C(NCCL_BUFFSIZE), C(NCCL_NVLS_ENABLE), C(NCCL_CUMEM_ENABLE) (a plain integer, decimal or C(0x) hex;
         counts and sizes 1 or more). NCCL itself refuses a bad C(NCCL_PROTO)/C(NCCL_ALGO) only when the workers
         start, and quietly replaces the others by a default or by C(0). Other variables are not checked. A name
-        that spells C(NCCL_...) in other than capitals (C(nccl_proto)) is refused too: NCCL reads only C(NCCL_PROTO)."
+        that spells C(NCCL_...) in other than capitals (C(nccl_proto)) is refused too, O(unchecked) or not: NCCL reads
+        only C(NCCL_PROTO)."
       - Written in name order. An empty mapping with O(state=present) leaves no block (same as O(state=absent)).
       - Any invalid name or value fails the module before the file is read or changed.
     type: dict
@@ -235,7 +236,7 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_text
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl import env_value_problems
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl import env_value_problems, name_problem
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import (
     ANCHOR_TEXT,
     FUNCTION_NAME,
@@ -276,7 +277,8 @@ def normalise_env(env, unchecked=()):
             continue
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             problems.append("%s: value %r of type %s is refused; quote the exact string you mean, for example "
-                            "'1' or 'true'" % (name, value, type(value).__name__))
+                            "'1' (NCCL's switches are integers: it reads 'true' as 0)"
+                            % (name, value, type(value).__name__))
             continue
         text = value if isinstance(value, str) else str(value)
         if "\x00" in text:
@@ -288,6 +290,7 @@ def normalise_env(env, unchecked=()):
             problems.append("%s: value contains a lone surrogate that os.environ cannot encode" % name)
             continue
         items.append((name, text))
+    problems.extend(filter(None, (name_problem(name) for name, _ in items)))
     value_problems = env_value_problems(items, unchecked)
     problems.extend(value_problems)
     if problems:

@@ -362,6 +362,15 @@ def test_preflight_rows_name_refused_unreachable_and_not_started_hosts():
     assert run.gpufleet_preflight_rows({"h1": {}}, ["h1"], ["h1"], ["h1"]) == {}
 
 
+def test_a_refused_hosts_advice_says_whether_a_server_ran_when_the_run_began():
+    refused = {"_gpufleet_refused": "preflight refused the host: GPU 0 would stay in use"}
+    advice = {ran: run.gpufleet_preflight_rows({"h1": dict(refused, sglang_preflight_server_ran=ran)}, ["h1"], ["h1"],
+                                               ["h1"])["h1"]["advice"] for ran in (True, False, None)}
+    assert advice[True].startswith("the old server still serves")
+    assert "most likely serves nothing" in advice[False] and "still serves" not in advice[False]
+    assert advice[None].startswith("nothing was changed on this host") and "still serves" not in advice[None]
+
+
 def test_not_started_rows_are_the_later_batches_only():
     hostvars = {"h1": {"gpufleet_summary_row": {"result": "ok"}}, "h2": {}, "h3": {}, "h4": {}}
     rows = run.gpufleet_not_started_rows(hostvars, ["h1", "h2", "h3", "h4"], ["h2"], "h2", "failed")

@@ -59,7 +59,7 @@ def test_values_nccl_takes_as_meant_pass(name, value):
     ("NCCL_MAX_NCHANNELS", "0", ["must be 1 or more"]),
     ("NCCL_BUFFSIZE", "4M", ["leading number", "'4M' is 4"]),
     ("NCCL_BUFFSIZE", "09", ["leading number"]),    # octal to strtoll: reads 0, leaves "9"
-    ("NCCL_BUFFSIZE", " 16", ["leading number"]),
+    ("NCCL_BUFFSIZE", "16 ", ["leading number"]),       # strtoll stops at the space: text left over
     ("NCCL_CUMEM_ENABLE", "true", ["leading number"]),
 ])
 def test_values_nccl_refuses_or_misreads_are_named_with_what_it_takes(name, value, words):
@@ -71,6 +71,7 @@ def test_values_nccl_refuses_or_misreads_are_named_with_what_it_takes(name, valu
 
 @pytest.mark.parametrize("text, number", [
     ("16", 16), ("+16", 16), ("-2", -2), ("0x1F", 31), ("010", 8), ("0", 0), ("00", 0),
+    (" 16", 16), ("\t0x10", 16),                      # strtoll skips leading white space
     ("09", None), ("1e3", None), ("16 ", None), ("", None), ("0x", None), ("abc", None),
 ])
 def test_strtoll_reads_what_c_reads_whole(text, number):
@@ -85,7 +86,8 @@ def test_env_value_problems_lists_each_bad_value_and_skips_unchecked_names():
 
 
 def test_an_nccl_name_in_lower_case_is_named_because_nccl_never_reads_it():
-    problems = N.env_value_problems([("nccl_proto", "LL"), ("Nccl_Algo", "Ring"), ("NCCL_PROTO", "LL"), ("my_var", "x")])
-    assert problems == ["nccl_proto: NCCL reads NCCL_PROTO (capitals) and never looks at nccl_proto",
-                        "Nccl_Algo: NCCL reads NCCL_ALGO (capitals) and never looks at Nccl_Algo"]
-    assert N.env_value_problems([("nccl_proto", "LL")], unchecked=["nccl_proto"]) == []
+    names = ["nccl_proto", "Nccl_Algo", "NCCL_PROTO", "my_var"]
+    assert [N.name_problem(n) for n in names] == [
+        "nccl_proto: NCCL reads NCCL_PROTO (capitals) and never looks at nccl_proto",
+        "Nccl_Algo: NCCL reads NCCL_ALGO (capitals) and never looks at Nccl_Algo", None, None]
+    assert N.env_value_problems([("nccl_proto", "5")]) == []  # its value is nobody's: the name is the problem

@@ -435,6 +435,14 @@ def test_env_value_nccl_would_refuse_fails_naming_it_and_the_way_out():
     assert "sglang_nccl_env_unchecked" in msg
 
 
+def test_an_nccl_name_nccl_never_reads_is_refused_even_when_unchecked_and_without_that_hint():
+    with pytest.raises(patch_module.PatchError) as err:
+        patch_module.normalise_env({"nccl_proto": "LL"}, unchecked=["nccl_proto"])
+    msg = str(err.value)
+    assert "NCCL reads NCCL_PROTO (capitals) and never looks at nccl_proto" in msg
+    assert "sglang_nccl_env_unchecked" not in msg
+
+
 def test_unchecked_names_are_written_as_given():
     assert patch_module.normalise_env({"NCCL_ALGO": "MyNewAlgo", "NCCL_PROTO": "LL"}, unchecked=["NCCL_ALGO"]) == [
         ("NCCL_ALGO", "MyNewAlgo"), ("NCCL_PROTO", "LL")]
