@@ -17,8 +17,10 @@ description:
     (s, stop start → a server answered again; C(down:N) = still down, N s so far; 0.0 = no server ran before),
     release_wait_ms (ms), tokens_per_s, nccl (ok|fail), old_pid, new_pid (after a rollback: the relaunched previous
     server). Below the table, hosts that are ok with a note (no server ran before the run: a first launch, or a
-    host that was down) get one line per note, and each host that is not ok gets its phase, cause, rollback and
-    what to do next."
+    host that was down; a launch that the verify phase did not check) get one line per note, and each host that
+    is not ok gets its phase, cause, rollback and what to do next. Hosts whose lines say the same share them
+    (a guard failure or a fleet-wide refusal is said once, with the hosts it concerns; more than six are named by
+    their first three, the last and the count); the host's own name in such a shared line reads C(<host>)."
   - "Check: for playbooks/check.yml (it publishes C(gpufleet_check) with C(set_stats)) prints the fleet table
     instead: host, verdict (OK|WARN|CRIT), GPUs ok/total, the first reasons (severity, code, GPU), and a count line."
   - "Progress: for a task retried with C(until)/C(retries) whose result carries a C(progress) string (the readiness
@@ -35,6 +37,7 @@ description:
 
 import importlib.util
 import os
+import re
 
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
@@ -216,9 +219,45 @@ def _said_by_a_row(message, rows):
     return any(row.get("cause") and said.startswith(norm(row["cause"])) for row in rows)
 
 
+HOST_PLACEHOLDER = "<host>"
+# A group longer than this is named by its first hosts, its last and its size (the table lists every host).
+GROUP_NAMES_SHOWN = 6
+
+
+def _without_host(text, host):
+    """``text`` with the host's own name (a whole name: not inside a longer one) replaced by ``<host>``, so rows
+    that differ only in the host they name (``-e target=HOST``) read alike. None stays None."""
+    if text is None or not host:
+        return text
+    return re.sub(r"(?<![\w.-])%s(?![\w.-])" % re.escape(str(host)), HOST_PLACEHOLDER, str(text))
+
+
+def _hosts_label(hosts):
+    """``h1, h2`` for a few hosts; ``h1, h2, h3, ..., h64 (64 hosts)`` for many."""
+    if len(hosts) <= GROUP_NAMES_SHOWN:
+        return ", ".join(hosts)
+    return "%s, ..., %s (%d hosts)" % (", ".join(hosts[:GROUP_NAMES_SHOWN - 3]), hosts[-1], len(hosts))
+
+
+def _grouped(rows, fields):
+    """Rows that say the same (``fields``, the host's own name read as ``<host>``) as ``[(hosts, texts)]`` in
+    the order of their first host; ``texts`` are one host's own texts when the group has one host."""
+    groups = {}
+    for row in rows:
+        host = str(row.get("host"))
+        key = tuple(_without_host(row.get(f), host) for f in fields)
+        if key in groups:
+            groups[key][0].append(host)
+        else:
+            groups[key] = ([host], tuple(row.get(f) for f in fields))
+    return [(hosts, texts if len(hosts) == 1 else key) for key, (hosts, texts) in groups.items()]
+
+
 def render(rows, table):
-    """The summary text: the table (``table`` = gpufleet_summary_table), the notes of hosts that are ok (a first
-    launch), one line per note with the hosts it concerns, and a note per host that is not ok."""
+    """The summary text: the table (``table`` = gpufleet_summary_table), then the notes of hosts that are ok (a
+    first launch, a launch not verified) and the phase, cause, rollback and advice of hosts that are not ok.
+    Hosts whose lines would say the same (apart from naming the host itself, written ``<host>`` then) share one
+    line: a guard failure or a fleet-wide refusal is said once, not once per host."""
     shown = []
     for row in rows:
         cell = dict(row)
@@ -227,25 +266,22 @@ def render(rows, table):
             cell["downtime_s"] = "down" if down is None else "down:%.1f" % float(down)
         shown.append(cell)
     lines = [table(shown)]
-    notes = {}
-    for row in rows:
-        if row.get("result") in ("ok", "check") and row.get("advice"):
-            notes.setdefault((row["result"], row["advice"]), []).append(str(row.get("host")))
-    for (result, note), hosts in notes.items():
-        lines.append("%s: %s: %s" % (", ".join(hosts), result, note))
-    for row in rows:
-        if row.get("result") in ("ok", "check"):
-            continue
-        head = "%s: %s" % (row.get("host"), row.get("result"))
-        if row.get("phase"):
-            head += " in %s" % row["phase"]
-        if row.get("cause"):
-            head += ": %s" % row["cause"]
+    ok_rows = [r for r in rows if r.get("result") in ("ok", "check") and r.get("advice")]
+    for hosts, (result, note) in _grouped(ok_rows, ("result", "advice")):
+        lines.append("%s: %s: %s" % (_hosts_label(hosts), result, note))
+    bad_rows = [r for r in rows if r.get("result") not in ("ok", "check")]
+    for hosts, (result, phase, cause, rollback, advice) in _grouped(
+            bad_rows, ("result", "phase", "cause", "rollback", "advice")):
+        head = "%s: %s" % (_hosts_label(hosts), result)
+        if phase:
+            head += " in %s" % phase
+        if cause:
+            head += ": %s" % cause
         lines.append(head)
-        if row.get("rollback"):
-            lines.append("    rollback: %s" % row["rollback"])
-        if row.get("advice"):
-            lines.append("    next: %s" % row["advice"])
+        if rollback:
+            lines.append("    rollback: %s" % rollback)
+        if advice:
+            lines.append("    next: %s" % advice)
     return "\n".join(lines)
 
 

@@ -54,7 +54,9 @@ def _serial_item_error(item):
         match = _PCT.match(item)
         if match:
             pct = float(match.group(1))
-            return "" if 0 < pct <= 100 else "%r is not a percentage between 0 and 100 %%" % item
+            if pct <= 0:
+                return "%r is no hosts: a percentage must be above 0 (at most 100)" % item
+            return "" if pct <= 100 else "%r is above 100 %%" % item
         return "%r is neither a number of hosts nor a percentage" % item
     return "%r is a %s" % (item, type(item).__name__)
 
@@ -567,8 +569,16 @@ def gpufleet_restart_row(facts):
                          "interrupted (downtime_s 0.0)")
     elif stop_only:
         row["advice"] = ("only the stop ran (tags): the server was stopped and none was started, so this host serves "
-                         "nothing now; start it with playbooks/restart.yml -e target=%s --tags launch, or %s"
-                         % (host, rerun))
+                         "nothing now; start, verify and record it with playbooks/restart.yml -e target=%s "
+                         "--tags launch,verify, or %s" % (host, rerun))
+    # A launch without the verify phase (--tags launch): the server answers health, but nothing checked that it
+    # generates, that the NCCL values reached every worker, nor recorded it for a later rollback.
+    launched = ready_at is not None or _pid(f.get("new_pid")) is not None
+    if not failed and not check and launched and f.get("nccl_ok") is None:
+        note = ("launched but not verified (the verify phase did not run): nothing checked generation or the NCCL "
+                "values in the workers, and the launch was not recorded for a later rollback: check it with "
+                "playbooks/restart.yml -e target=%s --tags verify (a full rerun also records it)" % host)
+        row["advice"] = "%s; %s" % (row["advice"], note) if row["advice"] else note
     # Nothing ran before this run: no memory was released, whatever the wait's first poll took.
     row["release_wait_ms"] = _num(f.get("release_wait_ms")) if was_serving else None
     row["tokens_per_s"] = _num(f.get("tokens_per_s"))

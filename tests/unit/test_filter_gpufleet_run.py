@@ -17,7 +17,7 @@ def test_valid_serial_values_pass(value):
 
 @pytest.mark.parametrize("value,word", [
     ("abc", "'abc' is neither a number of hosts nor a percentage"),
-    (0, "below 1"), ("0", "below 1"), ("150%", "between 0 and 100"), ("0%", "between 0 and 100"),
+    (0, "below 1"), ("0", "below 1"), ("150%", "above 100 %"), ("0%", "is no hosts: a percentage must be above 0"),
     (2.5, "not a whole number"), (True, "boolean"), ([1, "x"], "'x'"), ([], "empty list"),
     ({"a": 1}, "dict"),
 ])
@@ -241,7 +241,7 @@ def test_a_stop_without_a_launch_is_down_not_ok_in_silence():
 
 
 def test_first_launch_says_so_instead_of_passing_for_an_instant_restart():
-    row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0))
+    row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0, nccl_ok=True))
     assert row["advice"] == "no server ran before this run (a first launch, or the host was down), so none was interrupted (downtime_s 0.0)"
     assert set(row) == set(run.ROW_KEYS)
     failed = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, failed_phase="launch",
@@ -249,8 +249,27 @@ def test_first_launch_says_so_instead_of_passing_for_an_instant_restart():
                                            rollback={"state": "file_only", "detail": "nothing to relaunch"}))
     assert failed["advice"].startswith("no server ran before this run: this host serves nothing now")
     # A restart, and a stop-only run that launched nothing, carry no such note.
-    assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.0))["advice"] is None
+    assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.0, nccl_ok=True))["advice"] is None
     assert run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, new_pid=None))["advice"] is None
+
+
+def test_a_launch_without_verify_says_it_was_not_verified():
+    # --tags launch (the recovery after --tags stop): the server answers health, verify never ran.
+    launch_only = dict(host="h1", now=1100.0, ready_epoch=1030.0, new_pid=88)
+    row = run.gpufleet_restart_row(launch_only)
+    assert row["result"] == "ok" and row["advice"].startswith("launched but not verified")
+    assert "--tags verify" in row["advice"] and "not recorded" in row["advice"]
+    # With a stop before it (--tags stop,wait,launch) the note follows the first-launch or downtime note.
+    row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0))
+    assert row["advice"].startswith("no server ran before this run") and "launched but not verified" in row["advice"]
+    # Verify ran (nccl_ok is known, pass or fail): no note; check mode and failures carry their own advice.
+    assert run.gpufleet_restart_row(dict(launch_only, nccl_ok=False))["advice"] is None
+    assert run.gpufleet_restart_row(dict(launch_only, check_mode=True))["advice"] is None
+    failed = run.gpufleet_restart_row(dict(BASE, failed_phase="verify", failed_cause="x",
+                                           rollback={"state": "rolled_back", "detail": "y"}))
+    assert "not verified" not in failed["advice"]
+    # The stop-only advice names a recovery that verifies and records.
+    assert "--tags launch,verify" in run.gpufleet_restart_row(dict(BASE, new_pid=None))["advice"]
 
 
 def test_a_failure_before_the_stop_on_a_host_where_nothing_ran_says_none_ran():

@@ -113,6 +113,35 @@ def test_render_names_the_hosts_of_a_first_launch_in_one_line():
     assert text.splitlines()[4:] == ["h1, h2: ok: " + note]
 
 
+def test_render_says_a_cause_shared_by_many_hosts_once_with_the_hosts_it_concerns():
+    # A guard failure or a fleet-wide refusal gave 64 copies of the same lines, one per host.
+    hosts = ["gpu-lab-%02d" % i for i in range(1, 65)]
+    rows = [{"host": h, "result": "refused", "phase": "preflight", "cause": "NCCL_BUFFSIZE=4M is not a number",
+             "advice": "fix it, then rerun playbooks/restart.yml -e target=%s" % h} for h in hosts[:63]]
+    # gpu-lab-64 differs (a lock) and gpu-lab-6 names gpu-lab-60 in its cause: a longer name is not its own.
+    rows[5]["cause"] = "port held by gpu-lab-60's job"
+    rows.append({"host": hosts[63], "result": "refused", "phase": "lock", "cause": "locked by run 7",
+                 "advice": "wait for run 7"})
+    rows.append({"host": "h-ok", "result": "ok", "downtime_s": 0.0, "advice": "launched but not verified: "
+                 "playbooks/restart.yml -e target=h-ok --tags verify"})
+    rows.append({"host": "h-ok2", "result": "ok", "downtime_s": 0.0, "advice": "launched but not verified: "
+                 "playbooks/restart.yml -e target=h-ok2 --tags verify"})
+    text = cb.render(rows, cb._load_table())
+    notes = text.splitlines()[len(rows) + 1:]
+    assert notes == [
+        "h-ok, h-ok2: ok: launched but not verified: playbooks/restart.yml -e target=<host> --tags verify",
+        "gpu-lab-01, gpu-lab-02, gpu-lab-03, ..., gpu-lab-63 (62 hosts): refused in preflight: "
+        "NCCL_BUFFSIZE=4M is not a number",
+        "    next: fix it, then rerun playbooks/restart.yml -e target=<host>",
+        "gpu-lab-06: refused in preflight: port held by gpu-lab-60's job",
+        "    next: fix it, then rerun playbooks/restart.yml -e target=gpu-lab-06",
+        "gpu-lab-64: refused in lock: locked by run 7",
+        "    next: wait for run 7",
+    ], notes
+    # The table still has a row for every host.
+    assert len(text.splitlines()) == 1 + len(rows) + len(notes)
+
+
 # -- the callback driven with fake results ------------------------------------------------------------
 
 class FakeDisplay:
