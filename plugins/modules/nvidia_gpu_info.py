@@ -318,7 +318,8 @@ device_holders:
   description: Every process with a /dev/nvidia* file open (read from every thread's fd table, so a
     C(<defunct>) process whose other thread still holds the GPU is found), including those that hold only
     /dev/nvidiactl or /dev/nvidia-uvm (no specific GPU). Per-GPU holders first, then shared-only, then
-    monitors. Empty with I(processes=false).
+    monitors. Null when processes were not read (O(processes=false), or O(fields) without V(processes)), so
+    "none" (an empty list) is never said without looking.
   returned: success
   type: list
   elements: dict
@@ -478,7 +479,7 @@ def gather(backend, selectors, processes=True, fallback_reason=None, exclude_pid
                 gpu["unsupported"]["nvlinks"] = exc.msg.splitlines()[0]
         for gpu in gpus:
             gpu["nvlinks"] = None if links is None else links.get(gpu["index"], [])
-    holders = []
+    holders = None  # not read: not the same as "no process holds a GPU" ([])
     if processes:
         per_gpu, holders = gpu_processes(backend, indices, exclude_pids=exclude_pids)
         for gpu in gpus:

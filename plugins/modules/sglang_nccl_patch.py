@@ -73,6 +73,8 @@ options:
       - Names in O(env) whose value is written without the check above, for an NCCL release that accepts a
         value this module does not know (for example a new C(NCCL_ALGO) name). Inventory
         C(sglang_nccl_env_unchecked).
+      - Such a value that the check would have refused is still written, with a warning that says why (printed
+        at every verbosity, in the result's C(warnings)).
     type: list
     elements: str
     default: []
@@ -467,6 +469,12 @@ def run_module():
         items = normalise_env(params["env"], params["unchecked"]) if params["state"] == "present" else []
     except PatchError as exc:
         module.fail_json(msg=str(exc), **result)
+    # A value let through by unchecked is written, but said at every verbosity: it is what NCCL's own parser
+    # (as gpufleet knows it) would refuse or misread.
+    waived = set(params["unchecked"] or ())
+    for problem in env_value_problems([(n, v) for n, v in items if n in waived]):
+        module.warn("%s; written anyway because it is in unchecked (sglang_nccl_env_unchecked): make sure your "
+                    "NCCL release takes it" % problem)
 
     def run(argv):
         return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"}, cwd="/")

@@ -353,9 +353,19 @@ def test_foreign_gpu_job_with_warn_passes_only_when_the_wait_can_pass_beside_it(
         text = verdict_messages(runner)[host]
         assert "pid %d (user nobody) holds 1000 MiB on GPU 5" % holder in text
         assert "(warn alone does not help: the run would stop the server and then wait in vain)" in text, text
-        # what the holder leaves on GPU 5: its 1000 MiB and the lab GPU's own base use
-        left = re.search(r"set gpu_memory_wait_require_no_processes=false and gpu_memory_wait_max_used_mib=(\d+) ", text)
+        # What the holder leaves on GPU 5 (its 1000 MiB and the lab GPU's own base use) fits under the default
+        # gpu_memory_wait_max_used_mib (1024): only the setting that stands in the way is named.
+        assert ("if the new server fits beside it, set gpu_memory_wait_require_no_processes=false with "
+                "gpufleet_preflight_gpu_holders=warn") in text, text
+        # A gpu_memory_wait_max_used_mib set too low for what the holder leaves is named, with its value now.
+        runner = run(fleet, {"gpufleet_preflight_gpu_holders": "warn", "gpu_memory_wait_require_no_processes": False,
+                             "gpu_memory_wait_max_used_mib": 512}, limit=host)
+        text = verdict_messages(runner)[host]
+        left = re.search(r"set gpu_memory_wait_max_used_mib=(\d+) \(the MiB it leaves on its GPU; now 512\) with ",
+                         text)
         assert left and 1000 <= int(left.group(1)) <= 1024, text
+        assert "require_no_processes=false" not in text, text
+        assert sglang_pids(fleet, host) == pids
         # The wait allowed to pass beside it (1000 MiB under the 1024 MiB limit): warned, and preflight passes.
         runner = run(fleet, {"gpufleet_preflight_gpu_holders": "warn", "gpu_memory_wait_require_no_processes": False},
                      limit=host)

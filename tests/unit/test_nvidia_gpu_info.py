@@ -303,7 +303,7 @@ def test_fields_cut_each_gpu_to_the_keys_asked_by_either_name(monkeypatch, nvml,
     assert not done.failed, done.result
     gpus = done.result["gpus"]
     assert [list(g) for g in gpus] == [["index", "memory_used_mib", "utilization_gpu_pct"]] * 2
-    assert gpus[0]["memory_used_mib"] == 31339 and done.result["device_holders"] == []  # processes not asked
+    assert gpus[0]["memory_used_mib"] == 31339 and done.result["device_holders"] is None  # processes not asked: not read
 
 
 def test_fields_read_nvlinks_and_processes_only_when_asked(monkeypatch, smi_only, no_holders, tmp_path):

@@ -457,3 +457,11 @@ def test_bad_nccl_value_fails_before_the_file_is_touched_and_unchecked_lets_it_t
     result = run_main(capsys, {"path": str(path), "env": {"NCCL_BUFFSIZE": "4M"}, "unchecked": ["NCCL_BUFFSIZE"]})
     assert result["changed"] and result["env"] == {"NCCL_BUFFSIZE": "4M"}
     assert b"NCCL_BUFFSIZE" in path.read_bytes()
+    # ...but not in silence: the warning says what the check would have refused.
+    [warning] = result["warnings"]
+    warning = str(warning)  # ansible-core 2.19+ returns a structured warning
+    assert "NCCL_BUFFSIZE='4M'" in warning and "written anyway because it is in unchecked" in warning
+    # A value the check takes, named in unchecked all the same, draws no warning.
+    result = run_main(capsys, {"path": str(path), "env": {"NCCL_BUFFSIZE": "4194304"}, "unchecked": ["NCCL_BUFFSIZE"]})
+    # (the module's warnings are process-global: the one above may still be listed)
+    assert result["changed"] and not any("4194304" in str(w) for w in result.get("warnings") or [])
