@@ -195,8 +195,12 @@ def fleet_table(report):
         for col in RESTART_COLUMNS:
             table.add_column(col, justify="right" if col not in ("result", "nccl") else "left")
         for row in rows:
-            table.add_row(row["host"], *[_cell(row.get(c), {"downtime_s": "%.1f", "release_wait_ms": "%d",
-                                                           "tokens_per_s": "%.1f"}.get(c)) for c in RESTART_COLUMNS])
+            cells = [_cell(row.get(c), {"downtime_s": "%.1f", "release_wait_ms": "%d",
+                                        "tokens_per_s": "%.1f"}.get(c)) for c in RESTART_COLUMNS]
+            if row.get("still_down"):  # as the summary callback writes it: down, N s so far
+                i = RESTART_COLUMNS.index("downtime_s")
+                cells[i] = "down" if cells[i] == "-" else "down:" + cells[i]
+            table.add_row(row["host"], *cells)
     elif command == "check":
         table.add_column("verdict")
         table.add_column("gpus_ok", justify="right")
@@ -252,6 +256,30 @@ def _progress_table(progress, verbose):
     return table
 
 
+def _say_cancelling(err):
+    err.print("gpufleet: cancelling: ansible-runner stops the playbook now (no rescue or rollback runs); the "
+              "report follows", highlight=False, soft_wrap=True)
+
+
+def _cancel_on_signals(cancel, err):
+    """Make SIGTERM (kill, systemd, a CI job's timeout) cancel the run as Ctrl-C does: ``cancel`` is set,
+    ansible-runner stops the playbook and the report is still written. Before, SIGTERM ended this process at
+    once, leaving ansible-playbook without its reader and no report. SIGINT keeps Python's handler (Ctrl-C raises
+    KeyboardInterrupt, handled in :func:`run`); where SIGINT is ignored (a background job of a shell script),
+    it stays ignored, as a background job's should: send SIGTERM. Only in the main thread (signal handlers
+    cannot be set elsewhere). Returns a function that puts the previous handlers back."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        cancel.set()
+
+    signal.signal(signal.SIGTERM, on_term)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
 def run(args, out=None, err=None):
     """Run the command; returns the report dict (``exit_code`` inside). ``out``/``err``: rich Consoles."""
     import ansible_runner
@@ -278,15 +306,20 @@ def run(args, out=None, err=None):
         err.print("gpufleet %s: %s%s" % (args.command, spec["playbook"],
                                          " (check mode)" if args.check else ""), highlight=False)
     cancel = threading.Event()  # Ctrl-C: ansible-runner stops the playbook (AWX's cancel), the report still comes
+    restore = _cancel_on_signals(cancel, err)
     thread, runner = ansible_runner.run_async(event_handler=on_event, cancel_callback=cancel.is_set, **spec)
     live = None
     if not args.json and err.is_terminal:
         from rich.live import Live
         live = Live(_progress_table(progress, args.verbose), console=err, refresh_per_second=4, transient=False)
         live.start()
+    said = []
     try:
         while thread.is_alive():
             thread.join(0.25)
+            if cancel.is_set() and not said:  # SIGTERM
+                _say_cancelling(err)
+                said.append(True)
             with lock:
                 if live is not None:
                     live.update(_progress_table(progress, args.verbose))
@@ -298,8 +331,16 @@ def run(args, out=None, err=None):
                     shown["n"] = len(progress.changes)
     except KeyboardInterrupt:
         cancel.set()
-        thread.join()
     finally:
+        if cancel.is_set():
+            if not said:
+                _say_cancelling(err)
+            while thread.is_alive():  # a second Ctrl-C (or SIGTERM) while ansible-runner stops the playbook: wait on
+                try:
+                    thread.join(0.25)
+                except KeyboardInterrupt:
+                    pass
+        restore()
         if live is not None:
             with lock:
                 live.update(_progress_table(progress, args.verbose))

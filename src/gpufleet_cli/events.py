@@ -96,8 +96,9 @@ class FleetProgress:
     line) are kept apart in ``run_errors`` (list of str). ``clock`` is a monotonic time source in seconds.
     """
 
-    def __init__(self, default_phase=None, clock=time.monotonic):
+    def __init__(self, default_phase=None, clock=time.monotonic, wall=time.time):
         self._clock = clock
+        self._wall = wall
         self._default_phase = default_phase
         self._hosts = {}
         self._order = []
@@ -110,7 +111,8 @@ class FleetProgress:
     def _host(self, name):
         if name not in self._hosts:
             self._hosts[name] = {"host": name, "phase": None, "task": "", "state": "running", "cause": None,
-                                 "started": self._clock(), "ended": None, "changed": 0}
+                                 "started": self._clock(), "ended": None, "changed": 0,
+                                 "old_pid": None, "stopped_at": None, "new_pid": None, "ready_at": None}
             self._order.append(name)
         return self._hosts[name]
 
@@ -143,7 +145,9 @@ class FleetProgress:
             row["state"], row["cause"] = "failed", _message(res)
         elif kind == "runner_on_unreachable":
             row["state"], row["cause"] = "unreachable", _message(res)
-        elif kind == "runner_on_ok":
+        if kind in ("runner_on_ok", "runner_on_failed"):
+            self._note_server(row, res)
+        if kind == "runner_on_ok":
             if res.get("changed"):
                 row["changed"] += 1
             report = _check_report_of(data, res)
@@ -152,6 +156,25 @@ class FleetProgress:
         elif kind == "runner_retry" and res.get("progress"):
             row["task"] = "%s — %s" % (row["task"], res["progress"])
         return True
+
+    def _note_server(self, row, res):
+        """What a result says about the host's servers, for a run cut short before its summary row: the stop's
+        (module sglang_stop: ``signalled`` with signals sent, ``main_pid``, ``stop_ms``, ``start``) and the
+        launch's (module sglang_process: ``pid``, ``ready``). ``stopped_at`` is the controller's clock (epoch s)
+        when the signals went out: this result's arrival less the call's ``stop_ms``."""
+        signalled = res.get("signalled")
+        if isinstance(signalled, list) and any(isinstance(p, dict) and p.get("signals") for p in signalled):
+            if row["stopped_at"] is None:
+                stop_ms = res.get("stop_ms") if isinstance(res.get("stop_ms"), (int, float)) else 0
+                row["stopped_at"] = self._wall() - stop_ms / 1000.0
+                row["old_pid"] = res.get("main_pid") or row["old_pid"]
+            start = res.get("start") if isinstance(res.get("start"), dict) else {}
+            if start.get("started") and start.get("pid"):
+                row["new_pid"] = start["pid"]
+        elif "ready" in res and res.get("pid") and "signalled" not in res:
+            row["new_pid"] = res["pid"]
+            if res.get("ready") and row["ready_at"] is None:
+                row["ready_at"] = self._wall()
 
     def finish(self, status="successful"):
         """End the run: hosts still running are ``ok`` after a run that ended (ansible-runner status
@@ -163,8 +186,15 @@ class FleetProgress:
                 row["ended"] = now
             if row["state"] == "running":
                 row["state"] = "ok" if status in ("successful", "failed") else "canceled"
-                if row["state"] == "canceled" and row["phase"] in CANCELED_IN and not row["cause"]:
-                    row["cause"] = CANCELED_IN[row["phase"]].format(host=row["host"])
+                # A new server seen ready (the launch's readiness wait ended) before verify began: say so.
+                phase = ("verify" if row["ready_at"] is not None and row["phase"] in ("stop", "wait", "launch")
+                         else row["phase"])
+                if row["state"] == "canceled" and phase in CANCELED_IN and not row["cause"]:
+                    row["cause"] = CANCELED_IN[phase].format(host=row["host"])
+
+    def wall(self):
+        """The wall clock (epoch s) this progress reads."""
+        return self._wall()
 
     def hosts(self):
         now = self._clock()
@@ -233,10 +263,17 @@ def _restart_rows(progress):
         for host, row in rows.items():
             if isinstance(row, dict):
                 out[host] = dict(row, host=host)
+    now = progress.wall()
     for row in progress.hosts():
         if row["host"] not in out:
-            out[row["host"]] = {"host": row["host"], "result": row["state"], "phase": row["phase"],
-                                "cause": row["cause"]}
+            line = {"host": row["host"], "result": row["state"], "phase": row["phase"], "cause": row["cause"],
+                    "old_pid": row["old_pid"], "new_pid": row["new_pid"]}
+            # A run cut short after the stop (no summary row came): the outage so far, until a server was seen
+            # ready; the rerun will not know a server ran (it finds none), so this report is where it is counted.
+            if row["stopped_at"] is not None and row["old_pid"] is not None:
+                line["still_down"] = row["ready_at"] is None
+                line["downtime_s"] = round(max((row["ready_at"] or now) - row["stopped_at"], 0.0), 1)
+            out[row["host"]] = line
     return out
 
 

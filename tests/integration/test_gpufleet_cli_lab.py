@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -97,3 +98,41 @@ def test_a_four_host_restart_reads_in_about_one_screen_plus_the_table(lab):
         assert re.search(r"^  %s: \d+ process\(es\) stopped" % re.escape(host), proc.stdout, re.M)
     assert not [line for line in before if line.startswith(("ok: [", "skipping: [", "included: "))]
     assert proc.stdout.count("GPUFLEET SUMMARY") == 1
+
+
+@pytest.mark.lab_only_once
+def test_sigterm_mid_restart_cancels_with_a_report_of_the_outage_and_a_rerun_recovers(lab, tmp_path):
+    # kill (SIGTERM: systemd, a CI job's timeout) used to end the command at once, without a report; a background
+    # job of a script ignores SIGINT, so SIGTERM is how such a run is stopped.
+    host = lab.hosts[2]
+    first = gpufleet(lab, tmp_path, "restart", "--limit", host)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    before = server_pid(lab, host)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), PATH=BIN + ":" + os.environ.get("PATH", ""))
+    env.pop("ANSIBLE_CONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "gpufleet_cli", "restart", "--limit", host, "-i", lab.inventory,
+                             "--artifacts-dir", str(tmp_path / "artifacts")], cwd=str(tmp_path), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in proc.stderr:
+            seen.append(line)
+            if re.match(r"^\s+%s\s+(wait|launch)\b" % re.escape(host), line):
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest_out, rest_err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = "".join(seen) + rest_err
+    assert proc.returncode != 0, err
+    assert "cancelling: ansible-runner stops the playbook now" in err, err
+    report = json.load(open(re.search(r"report: (\S+)", err).group(1)))
+    row = report["hosts"][host]
+    assert report["status"] == "canceled" and row["result"] == "canceled", row
+    assert row["old_pid"] == before and isinstance(row["downtime_s"], float), row
+    assert row["cause"].startswith("cancelled in ") and "-e target=%s" % host in row["cause"], row
+    # The advice is followed as written: the rerun takes over the cancelled run's lock and the host serves.
+    rerun = gpufleet(lab, tmp_path, "restart", "--limit", host)
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    assert server_pid(lab, host) not in (None, before)

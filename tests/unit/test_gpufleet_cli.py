@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -201,6 +202,66 @@ def test_a_cancelled_restart_says_what_the_hosts_phase_left_behind():
     assert wait["result"] == "canceled" and wait["phase"] == "wait"
     assert "most likely serves nothing now" in wait["cause"] and "-e target=gpu-01" in wait["cause"]
     assert "the old server still serves" in patch["cause"] and "-e target=gpu-02" in patch["cause"]
+
+
+def test_a_restart_cancelled_after_the_stop_reports_the_old_pid_and_the_outage_so_far():
+    # No summary row comes from a cancelled run, and the rerun finds no server (a "first launch"): the
+    # cancelled run's own report is where the outage is counted.
+    wall = Clock()
+    wall.t = 5000.0
+    p = events.FleetProgress(wall=wall)
+    stopped = {"signalled": [{"pid": 4242, "signals": ["SIGTERM"], "ended": "after SIGTERM"}], "main_pid": 4242,
+               "stop_ms": 1500, "start": {"started": True, "pid": 5151}}
+    p.handle(ev("runner_on_ok", "gpu-01", task="Stop", role="sglang_stop", res=stopped))
+    p.handle(ev("runner_on_start", "gpu-01", task="Wait", role="gpu_memory_wait"))
+    # preflight's check-mode stop preview (no signal sent) is not a stop
+    p.handle(ev("runner_on_ok", "gpu-02", task="Preview", role="sglang_preflight",
+                res={"signalled": [{"pid": 77, "signals": []}], "main_pid": 77, "stop_ms": 0}))
+    wall.t = 5030.0
+    report = events.build_report("restart", p, "canceled", None, "/a")
+    row = report["hosts"]["gpu-01"]
+    assert row["old_pid"] == 4242 and row["new_pid"] == 5151
+    assert row["downtime_s"] == 31.5 and row["still_down"] is True
+    assert "most likely serves nothing now" in row["cause"]
+    assert report["hosts"]["gpu-02"]["old_pid"] is None and "downtime_s" not in report["hosts"]["gpu-02"]
+    table = cli.fleet_table(report)
+    downtime = [c for c in table.columns if c.header == "downtime_s"][0]
+    assert list(downtime.cells)[0] == "down:31.5"
+
+
+def test_a_restart_cancelled_after_the_new_server_was_ready_says_it_runs_unverified():
+    wall = Clock()
+    wall.t = 5000.0
+    p = events.FleetProgress(wall=wall)
+    p.handle(ev("runner_on_ok", "gpu-01", task="Stop", role="sglang_stop",
+                res={"signalled": [{"pid": 4242, "signals": ["SIGTERM"]}], "main_pid": 4242, "stop_ms": 0}))
+    wall.t = 5012.0
+    p.handle(ev("runner_on_ok", "gpu-01", task="Wait until it serves", role="sglang_launch",
+                res={"pid": 5151, "ready": True}))
+    wall.t = 5020.0
+    row = events.build_report("restart", p, "canceled", None, "/a")["hosts"]["gpu-01"]
+    assert row["downtime_s"] == 12.0 and row["still_down"] is False and row["new_pid"] == 5151
+    assert row["cause"].startswith("cancelled in verify: the new server runs but was not verified")
+
+
+def test_sigterm_cancels_the_run_as_ctrl_c_does_and_the_handler_is_put_back():
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can be set only in the main thread")
+    before = signal.getsignal(signal.SIGTERM)
+    cancel = threading.Event()
+    restore = cli._cancel_on_signals(cancel, None)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):
+            if cancel.is_set():
+                break
+            time.sleep(0.01)
+        assert cancel.is_set()
+    finally:
+        restore()
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 def test_check_report_prefers_the_report_file_then_set_stats_then_the_run(tmp_path):
