@@ -466,7 +466,8 @@ class Bench:
     def lab_up(self, hosts):
         progress("lab up: %d hosts in %s" % (hosts, self.opts.lab_dir))
         t = time.time()
-        subprocess.run([sys.executable, LAB_PY, "up", "--hosts", str(hosts), "--lab-dir", self.opts.lab_dir],
+        version = ["--sglang-version", self.opts.sglang_version] if self.opts.sglang_version else []
+        subprocess.run([sys.executable, LAB_PY, "up", "--hosts", str(hosts), "--lab-dir", self.opts.lab_dir] + version,
                        check=True, capture_output=True, text=True)
         self.lab = _load_lab_class()(self.opts.lab_dir)
         progress("lab up in %.1f s" % (time.time() - t))
@@ -961,6 +962,8 @@ def parse_args(argv):
     ap.add_argument("--probe-ms", type=int, default=15, help="prober period for ≤ 8 hosts (64 hosts: ≥ 100)")
     ap.add_argument("--scale-hosts", default="1,8,16,32,64")
     ap.add_argument("--keep-lab", action="store_true", help="leave the lab running")
+    ap.add_argument("--sglang-version", help="the lab's SGLang release (default: lab.py's); a machine without PyPI "
+                                             "needs its wheel in <GPUFLEET_CACHE>/sglang-wheels")
     ap.add_argument("--no-write", action="store_true", help="print the results, write nothing under docs/")
     opts = ap.parse_args(argv)
     if opts.runs < 1:
