@@ -35,9 +35,11 @@ description:
     (C(callbacks_enabled = gpufleet.fleet.gpufleet_summary)) still prints one summary."
 """
 
+import atexit
 import importlib.util
 import os
 import re
+import time
 
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
@@ -73,14 +75,19 @@ UNREACHABLE_ADVICE = {
 GUARD_PLAY_PREFIX = "Check the command line"
 
 
+_FILTERS = {}
+
+
 def _load_filter(name, attr):
-    """``attr`` of plugins/filter/<name>.py (one implementation for filter and callback)."""
-    here = os.path.dirname(os.path.realpath(__file__))
-    path = os.path.join(here, "..", "filter", name + ".py")
-    spec = importlib.util.spec_from_file_location("gpufleet_filter_for_summary_" + name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return getattr(mod, attr)
+    """``attr`` of plugins/filter/<name>.py (one implementation for filter and callback; each file read once)."""
+    if name not in _FILTERS:
+        here = os.path.dirname(os.path.realpath(__file__))
+        path = os.path.join(here, "..", "filter", name + ".py")
+        spec = importlib.util.spec_from_file_location("gpufleet_filter_for_summary_" + name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        _FILTERS[name] = mod
+    return getattr(_FILTERS[name], attr)
 
 
 def _load_table():
@@ -303,6 +310,12 @@ class CallbackModule(CallbackBase):
         self._seen_restart = False
         self._human = None
         self._check = None
+        # For a run interrupted before its stats (Ctrl-C: ansible-core then skips v2_playbook_on_stats and every
+        # always: section): the phase each host was in, and what its stop and launch results said.
+        self._phase = {}
+        self._seen = {}
+        self._stats_done = False
+        atexit.register(self._on_exit)
 
     def _prints(self):
         if self._human is None:
@@ -313,8 +326,28 @@ class CallbackModule(CallbackBase):
         self._play_name = play.get_name() or ""
         if "host by host" in self._play_name:
             self._seen_restart = True
+            # Preflight is over for every host: one the rolling play has not begun is not started, not cut short.
+            self._phase = {h: p for h, p in self._phase.items() if p != "preflight"}
+
+    def _is_restart(self):
+        # restart.yml: its guard names the targets (gpufleet_restart_targets) before preflight; its rolling play
+        # is "... host by host ...".
+        return self._seen_restart or self._targets is not None
+
+    def v2_runner_on_start(self, host, task):
+        if not self._is_restart():
+            return
+        phase = _phase_of(task, self._play_name)
+        if phase:
+            self._phase[host.get_name()] = phase
+
+    def _note_server(self, result):
+        if self._is_restart():
+            seen = self._seen.setdefault(result._host.get_name(), {})
+            _load_filter("gpufleet_run", "gpufleet_server_seen")(seen, _plain(dict(result._result)), time.time())
 
     def v2_runner_on_ok(self, result):
+        self._note_server(result)
         res = result._result
         facts = res.get("ansible_facts") or {}
         if "gpufleet_restart_targets" in facts:
@@ -332,6 +365,7 @@ class CallbackModule(CallbackBase):
                 self._rows[host] = published
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
+        self._note_server(result)
         if ignore_errors:
             return
         host = result._host.get_name()
@@ -351,7 +385,47 @@ class CallbackModule(CallbackBase):
         if progress and self._prints() and _first_copy(self, "retry", result):
             self._display.display("  %s: %s" % (result._host.get_name(), _first_line(progress, 400)))
 
+    def interrupted_rows(self, now=None):
+        """Rows for the hosts a run interrupted before their own row (Ctrl-C): host → row with result
+        ``interrupted``, the phase, what that phase leaves on the host (``gpufleet_cut_short``) and the outage
+        so far (``gpufleet_outage_so_far``). A host's provisional ``unreachable`` row (published at each phase
+        start) is such a host too, unless the host really went unreachable."""
+        now = time.time() if now is None else now
+        cut_short = _load_filter("gpufleet_run", "gpufleet_cut_short")
+        outage = _load_filter("gpufleet_run", "gpufleet_outage_so_far")
+        out = {}
+        for host, phase in self._phase.items():
+            row = self._rows.get(host)
+            if host in self._unreachable or host in self._failed or (row and row.get("result") != "unreachable"):
+                continue
+            seen = self._seen.get(host) or {}
+            if seen.get("ready_at") is not None and phase in ("stop", "wait", "launch"):
+                phase = "verify"  # the new server was seen ready: only verify was left
+            line = dict(host=host, result="interrupted", phase=phase,
+                        cause="ansible-playbook was interrupted: no rescue, rollback or summary task ran",
+                        advice=cut_short(phase, host, "interrupted"))
+            line.update(outage(seen, now))
+            out[host] = line
+        return out
+
+    def _on_exit(self):
+        """At the interpreter's exit after a run interrupted before its stats: the summary of what is known,
+        with a row per host cut short (see :meth:`interrupted_rows`)."""
+        if self._stats_done or not self._is_restart() or not self._phase:
+            return
+        import ansible.plugins.callback as shared
+        if not self._prints() or not _first_copy(self, "exit", shared):
+            return
+        rows = dict(self._rows)
+        rows.update(self.interrupted_rows())
+        if not any(r.get("result") == "interrupted" for r in rows.values()):
+            return
+        rows = build_rows(self._targets, rows, self._fact_rows, self._unreachable, self._failed)
+        self._display.banner("GPUFLEET SUMMARY (interrupted)")
+        self._display.display(render(rows, _load_table()))
+
     def v2_playbook_on_stats(self, stats):
+        self._stats_done = True
         if self._check is not None:
             # one table even when the callback is both adjacent to the playbooks and enabled by name
             if self._prints() and _first_copy(self, "stats", stats):

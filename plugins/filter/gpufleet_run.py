@@ -32,6 +32,27 @@ from collections.abc import Mapping
 _INT = re.compile(r"^\s*[0-9]+\s*$")
 _PCT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
 _BOOL_WORDS = ("yes", "no", "true", "false", "on", "off", "y", "n", "t", "f", "1", "0")
+# Switches a user sets (inventory, -e, an AWX survey) that the playbooks read with ``| bool`` or pass to a role's
+# bool option. ``| bool`` reads a typo ('ture') as false in silence, and a role's argument check fails only when
+# that role runs: after the stop for the launch and rollback (gpufleet_rollback=ture left a host down with no
+# rollback). So each is checked before any host is touched. sglang_verify_throughput has its own message.
+_BOOL_VARS = (
+    "gpufleet_rollback", "gpufleet_patch_backup", "gpufleet_start_with_stop", "sglang_launch_enable",
+    "sglang_launch_become", "sglang_nccl_patch_become", "sglang_nccl_patch_backup", "sglang_stop_become",
+    "sglang_stop_remove_stale_shm", "sglang_stop_wait_gpu_memory", "gpu_memory_wait_require_no_processes",
+    "sglang_preflight_allow_hub_ids", "sglang_preflight_become", "sglang_preflight_gpu_require_no_processes",
+    "sglang_router_refused_is_idle", "sglang_verify_become", "fleet_check_become",
+    "fleet_check_require_persistence", "fleet_check_textfile_become",
+)
+
+
+def _is_bool_like(value):
+    """What Ansible's boolean conversion takes: a bool, 0/1 (int or float), or one of :data:`_BOOL_WORDS`."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, (int, float)):
+        return value in (0, 1)
+    return isinstance(value, str) and value.strip().lower() in _BOOL_WORDS
 
 
 def gpufleet_unset(value):
@@ -310,7 +331,8 @@ def gpufleet_guard_errors(values, host=None):
     Checked: ``gpufleet_serial`` (see :func:`gpufleet_serial_error`), ``gpufleet_max_unavailable`` (see
     :func:`gpufleet_max_unavailable_error`), ``sglang_port`` (whole number 1-65535),
     ``gpufleet_lock_lease_s`` and the deprecated ``gpufleet_lock_stale_s`` (whole number of seconds ≥ 1),
-    ``sglang_verify_throughput`` (a boolean or yes/no/true/false/on/off/1/0), ``target`` (a string: a host,
+    ``sglang_verify_throughput`` and the switches of ``_BOOL_VARS`` such as ``gpufleet_rollback`` (a boolean or
+    yes/no/true/false/on/off/1/0), ``target`` (a string: a host,
     group or pattern), and the restart's timeouts, slices, poll intervals and the launch's and verification's
     numeric settings (``_TUNABLES``: a number, whole where the role wants an int, in its range; checked here because
     their roles run after the stop), and ``sglang_verify_min_workers`` against the worker processes
@@ -356,6 +378,11 @@ def gpufleet_guard_errors(values, host=None):
             str(throughput).strip().lower() not in _BOOL_WORDS:
         errors.append("sglang_verify_throughput=%s is not a boolean; give true or false (yes/no), or leave it empty "
                       "for false" % _show(throughput))
+    for name in _BOOL_VARS:
+        value = values.get(name)
+        if not gpufleet_unset(value) and not _is_bool_like(value):
+            errors.append("%s=%s is not a boolean; give true or false (yes/no), or do not set it for the default"
+                          % (name, _show(value)))
     target = values.get("target")
     if not gpufleet_unset(target) and not isinstance(target, str):
         errors.append("target=%s is a %s; give a host, a group or an Ansible host pattern as text "
@@ -400,6 +427,71 @@ def gpufleet_guard_deprecations(hostvars, hosts):
     return []
 
 
+# What a restart cut short in each phase leaves on the host, and what to do. A cancelled or interrupted run
+# (Ctrl-C, SIGTERM, an AWX cancel) runs no rescue, no rollback and no always: section. Used by the gpufleet CLI's
+# report and by the summary callback when ansible-playbook was interrupted.
+_RERUN_AFTER_CUT = ("rerun playbooks/restart.yml -e target={host} (it takes over this run's restart lock; "
+                    "playbooks/check.yml -e target={host} shows the host now)")
+_CUT_IN = {
+    "preflight": "{word} in preflight: nothing was changed on this host",
+    "lock": "{word} before the patch: nothing was stopped, the old server still serves; " + _RERUN_AFTER_CUT,
+    "patch": ("{word} in the patch, before the stop: the old server still serves (engine.py may already carry "
+              "the new NCCL block, used from the next start); " + _RERUN_AFTER_CUT),
+    "stop": ("{word} after the stop began, before a new server was seen serving: this host may serve nothing "
+             "now; " + _RERUN_AFTER_CUT),
+    "wait": ("{word} after the stop, in the wait for GPU memory: this host most likely serves nothing now; "
+             + _RERUN_AFTER_CUT),
+    "launch": ("{word} in the launch: the old server is stopped and the new one may still be loading or gone; "
+               + _RERUN_AFTER_CUT),
+    "verify": "{word} in verify: the new server runs but was not verified; " + _RERUN_AFTER_CUT,
+    "rollback": "{word} during the rollback: this host may serve nothing now; " + _RERUN_AFTER_CUT,
+}
+
+
+def gpufleet_cut_short(phase, host, word="cancelled"):
+    """What a restart of ``host`` cut short in ``phase`` (preflight|lock|patch|stop|wait|launch|verify|rollback)
+    leaves behind and what to do, one line starting with ``word`` (cancelled, interrupted); None for another
+    phase."""
+    text = _CUT_IN.get(phase)
+    return text.format(word=word, host=host) if text else None
+
+
+def gpufleet_server_seen(seen, res, now):
+    """Update ``seen`` (a mapping; keys set here: ``old_pid``, ``stopped_at``, ``new_pid``, ``ready_at``) from one
+    task result ``res`` arriving at ``now`` (controller epoch s), for a run that is cut short before its summary
+    row: the stop's result (module sglang_stop: ``signalled`` with signals sent, ``main_pid``, ``stop_ms``,
+    ``start``) and the launch's (module sglang_process: ``pid``, ``ready``). ``stopped_at`` is ``now`` less the
+    call's ``stop_ms``: when the signals went out, on the controller's clock. Returns ``seen``."""
+    if not isinstance(res, Mapping):
+        return seen
+    signalled = res.get("signalled")
+    if isinstance(signalled, list) and any(isinstance(p, Mapping) and p.get("signals") for p in signalled):
+        if seen.get("stopped_at") is None:
+            stop_ms = _num(res.get("stop_ms")) or 0.0
+            seen["stopped_at"] = now - stop_ms / 1000.0
+            seen["old_pid"] = _pid(res.get("main_pid")) or seen.get("old_pid")
+        start = res.get("start") if isinstance(res.get("start"), Mapping) else {}
+        if start.get("started") and _pid(start.get("pid")):
+            seen["new_pid"] = _pid(start["pid"])
+    elif "ready" in res and _pid(res.get("pid")) and "signalled" not in res:
+        seen["new_pid"] = _pid(res["pid"])
+        if res.get("ready") is True and seen.get("ready_at") is None:
+            seen["ready_at"] = now
+    return seen
+
+
+def gpufleet_outage_so_far(seen, now):
+    """``{"old_pid", "new_pid", "downtime_s", "still_down"}`` from :func:`gpufleet_server_seen`'s ``seen``:
+    the downtime from the stop's signals until a new server was seen ready, or until ``now`` (still down); both
+    null when this run stopped no server."""
+    out = {"old_pid": seen.get("old_pid"), "new_pid": seen.get("new_pid"), "downtime_s": None, "still_down": None}
+    if seen.get("stopped_at") is not None and seen.get("old_pid") is not None:
+        ready_at = seen.get("ready_at")
+        out["still_down"] = ready_at is None
+        out["downtime_s"] = round(max((ready_at if ready_at is not None else now) - seen["stopped_at"], 0.0), 1)
+    return out
+
+
 # The summary row's keys (playbooks/restart.yml, the gpufleet_summary callback, AWX's gpufleet_restart).
 ROW_KEYS = ("host", "result", "phase", "cause", "advice", "rollback", "downtime_s", "still_down",
             "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
@@ -416,11 +508,19 @@ def gpufleet_rows(hosts, result, cause="", phase=None, advice=None):
     return rows
 
 
+def _cut(line, limit):
+    """``line`` cut to at most ``limit`` characters at a word's end, with "..." (a command is not cut mid-word)."""
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 3]
+    word_end = cut.rfind(" ")
+    return (cut[:word_end] if word_end > limit // 2 else cut) + "..."
+
+
 def _first_line(text, limit=300):
     if text is None:
         return None
-    line = " ".join(str(text).strip().split("\n")[0].split())
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return _cut(" ".join(str(text).strip().split("\n")[0].split()), limit)
 
 
 def _one_line(text, limit=300):
@@ -429,8 +529,7 @@ def _one_line(text, limit=300):
         return None
     if isinstance(text, (list, tuple)):
         text = " ".join(str(t) for t in text)
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return _cut(" ".join(str(text).split()), limit)
 
 
 def _num(value):
@@ -517,7 +616,8 @@ def gpufleet_restart_row(facts):
             cause = _one_line(f.get("failed_msg")) or cause
         row["cause"] = cause
         if rollback:
-            row["rollback"] = "%s: %s" % (rb_state, _first_line(rollback.get("detail") or "", 400))
+            # What the host is left in, and what to do: kept whole up to 1000 characters.
+            row["rollback"] = "%s: %s" % (rb_state, _first_line(rollback.get("detail") or "", 1000))
         if rb_state == "rolled_back":
             serving = True
         elif rb_state in ("failed", "file_only", "relaunched_loading"):
@@ -588,7 +688,12 @@ def gpufleet_restart_row(facts):
     row["old_pid"] = old_pid if old_pid is not None or stopped else _pid(f.get("running_pid"))
     # After a rollback the pid that serves (or loads) is the relaunched previous server's, not the failed one's.
     rb_pid = _pid((rollback or {}).get("pid")) if rb_state in ("rolled_back", "relaunched_loading") else None
-    row["new_pid"] = None if check else (rb_pid or _pid(f.get("new_pid")))
+    # A failed host that serves nothing shows no new pid: the one this run started is gone (it crashed, or the
+    # rollback stopped it), and naming it read as a server that runs. Only a rollback that failed to stop it
+    # leaves it maybe running: then its pid is what to look at.
+    new_may_run = serving or not failed or "while stopping the server this run launched" in str(
+        (rollback or {}).get("detail") or "")
+    row["new_pid"] = None if check else (rb_pid or (_pid(f.get("new_pid")) if new_may_run else None))
     return row
 
 

@@ -318,8 +318,9 @@ device_holders:
   description: Every process with a /dev/nvidia* file open (read from every thread's fd table, so a
     C(<defunct>) process whose other thread still holds the GPU is found), including those that hold only
     /dev/nvidiactl or /dev/nvidia-uvm (no specific GPU). Per-GPU holders first, then shared-only, then
-    monitors. Null when processes were not read (O(processes=false), or O(fields) without V(processes)), so
-    "none" (an empty list) is never said without looking.
+    monitors. With O(gpus), only the holders of those GPUs and those that hold no specific GPU. Null when
+    processes were not read (O(processes=false), or O(fields) without V(processes)), so "none" (an empty list)
+    is never said without looking.
   returned: success
   type: list
   elements: dict
@@ -484,6 +485,9 @@ def gather(backend, selectors, processes=True, fallback_reason=None, exclude_pid
         per_gpu, holders = gpu_processes(backend, indices, exclude_pids=exclude_pids)
         for gpu in gpus:
             gpu["processes"] = per_gpu.get(gpu["index"], [])
+        # The GPUs asked for: a holder of another GPU only is not one of theirs.
+        chosen = set(indices)
+        holders = [h for h in holders if not h.get("gpu_indices") or chosen & set(h["gpu_indices"])]
     result = {
         "changed": False,
         "backend": backend.name,

@@ -365,7 +365,7 @@ def run(args, out=None, err=None):
     for line in _why_lines(report):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     err.print("status %s, rc %s; artifacts: %s (stdout, job_events/); report: %s" % (
-        report["status"], report["rc"], artifacts, os.path.join(run_dir, "report.json")), highlight=False,
+        report["status"], "-" if report["rc"] is None else report["rc"], artifacts, os.path.join(run_dir, "report.json")), highlight=False,
         soft_wrap=True)
     return report
 
@@ -380,10 +380,30 @@ def main(argv=None):
         return 2
     if not args.json:
         from rich.console import Console
-        Console(stderr=True).print("%s: %d host(s), %d failed, %.0f s" % (
-            "FAILED" if report["exit_code"] else "ok", len(report["hosts"]), len(report["failed_hosts"]),
-            time.monotonic() - start), highlight=False)
+        Console(stderr=True).print("%s: %s, %.0f s" % ("FAILED" if report["exit_code"] else "ok", count_line(report),
+                                                       time.monotonic() - start), highlight=False)
     return report["exit_code"]
+
+
+# Restart results after which the host is as it was before the run.
+UNTOUCHED_RESULTS = ("refused", "not_started", "not_reached")
+
+
+def count_line(report):
+    """``4 host(s): 2 ok, 1 rolled_back, 1 not_started (untouched)`` for a restart (results in first-seen order;
+    refused, not_started and not_reached say that nothing was changed), ``... : 3 OK, 1 CRIT`` for a check, and
+    ``N host(s), M failed`` for the other commands."""
+    hosts = report["hosts"]
+    if report["command"] not in ("restart", "check"):
+        return "%d host(s), %d failed" % (len(hosts), len(report["failed_hosts"]))
+    key = "result" if report["command"] == "restart" else "verdict"
+    counts = {}
+    for host in sorted(hosts):
+        value = str(hosts[host].get(key) or "?")
+        counts[value] = counts.get(value, 0) + 1
+    parts = ["%d %s%s" % (n, value, " (untouched)" if value in UNTOUCHED_RESULTS else "")
+             for value, n in counts.items()]
+    return "%d host(s)%s" % (len(hosts), (": " + ", ".join(parts)) if parts else "")
 
 
 if __name__ == "__main__":

@@ -30,36 +30,43 @@ BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not
 CHECK_VERDICTS = ("OK", "WARN", "CRIT")
 
 
-# What a restart cut short in each phase leaves on the host, and what to do (a cancelled run runs no rescue).
-_RERUN = ("rerun playbooks/restart.yml -e target={host} (it takes over this run's restart lock; "
-          "playbooks/check.yml -e target={host} shows the host now)")
-CANCELED_IN = {
-    "preflight": "cancelled in preflight: nothing was changed on this host",
-    "lock": "cancelled before the patch: nothing was stopped, the old server still serves; " + _RERUN,
-    "patch": ("cancelled in the patch, before the stop: the old server still serves (engine.py may already carry "
-              "the new NCCL block, used from the next start); " + _RERUN),
-    "stop": ("cancelled after the stop began, before a new server was seen serving: this host may serve nothing "
-             "now; " + _RERUN),
-    "wait": ("cancelled after the stop, in the wait for GPU memory: this host most likely serves nothing now; "
-             + _RERUN),
-    "launch": ("cancelled in the launch: the old server is stopped and the new one may still be loading or gone; "
-               + _RERUN),
-    "verify": "cancelled in verify: the new server runs but was not verified; " + _RERUN,
-    "rollback": "cancelled during the rollback: this host may serve nothing now; " + _RERUN,
-}
+def _load_run_filter():
+    """The checkout's plugins/filter/gpufleet_run.py (one implementation for the CLI, the filter and the summary
+    callback); None when the CLI runs without the checkout beside it."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "plugins", "filter",
+                        "gpufleet_run.py")
+    if not os.path.exists(path):
+        return None
+    spec = importlib.util.spec_from_file_location("gpufleet_run_for_cli", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_RUN = _load_run_filter()
+
+
+def cut_short(phase, host, word="cancelled"):
+    """What a restart of ``host`` cut short in ``phase`` leaves behind (``gpufleet_cut_short``)."""
+    if _RUN is not None:
+        return _RUN.gpufleet_cut_short(phase, host, word)
+    return "%s in %s: playbooks/check.yml -e target=%s shows the host now" % (word, phase, host)
 
 
 def phase_of(event_data, default=None):
     """The phase a task belongs to (str) from its role or its name's ``(<phase>)`` suffix, else ``default``.
 
     sglang_launch's ``tasks/rollback.yml`` is the ``rollback`` phase; its ``tasks/record.yml`` (the launch
-    record written after verify) belongs to no phase of its own (``default``).
+    record written after verify) and ``tasks/prepare.yml`` (the new argv rendered in the stop phase, for the stop
+    to start the server) belong to no phase of their own (``default``): the host stays in the phase it is in.
     """
     task_path = event_data.get("task_path") or ""
     entry = _ARG_SPEC_ENTRY.match(event_data.get("task") or "")  # include_role tasks_from's validation task
     if "/sglang_launch/tasks/rollback.yml" in task_path or (entry and entry.group(1) == "rollback"):
         return "rollback"
-    if "/sglang_launch/tasks/record.yml" in task_path or (entry and entry.group(1) == "record"):
+    if any("/sglang_launch/tasks/%s.yml" % name in task_path for name in ("record", "prepare")) or (
+            entry and entry.group(1) in ("record", "prepare")):
         return default
     role = event_data.get("role") or ""
     role = role.rsplit(".", 1)[-1]
@@ -112,7 +119,7 @@ class FleetProgress:
         if name not in self._hosts:
             self._hosts[name] = {"host": name, "phase": None, "task": "", "state": "running", "cause": None,
                                  "started": self._clock(), "ended": None, "changed": 0,
-                                 "old_pid": None, "stopped_at": None, "new_pid": None, "ready_at": None}
+                                 "seen": {}}
             self._order.append(name)
         return self._hosts[name]
 
@@ -158,28 +165,14 @@ class FleetProgress:
         return True
 
     def _note_server(self, row, res):
-        """What a result says about the host's servers, for a run cut short before its summary row: the stop's
-        (module sglang_stop: ``signalled`` with signals sent, ``main_pid``, ``stop_ms``, ``start``) and the
-        launch's (module sglang_process: ``pid``, ``ready``). ``stopped_at`` is the controller's clock (epoch s)
-        when the signals went out: this result's arrival less the call's ``stop_ms``."""
-        signalled = res.get("signalled")
-        if isinstance(signalled, list) and any(isinstance(p, dict) and p.get("signals") for p in signalled):
-            if row["stopped_at"] is None:
-                stop_ms = res.get("stop_ms") if isinstance(res.get("stop_ms"), (int, float)) else 0
-                row["stopped_at"] = self._wall() - stop_ms / 1000.0
-                row["old_pid"] = res.get("main_pid") or row["old_pid"]
-            start = res.get("start") if isinstance(res.get("start"), dict) else {}
-            if start.get("started") and start.get("pid"):
-                row["new_pid"] = start["pid"]
-        elif "ready" in res and res.get("pid") and "signalled" not in res:
-            row["new_pid"] = res["pid"]
-            if res.get("ready") and row["ready_at"] is None:
-                row["ready_at"] = self._wall()
+        """The old and new server's pids and when the stop and readiness happened (``gpufleet_server_seen``)."""
+        if _RUN is not None:
+            _RUN.gpufleet_server_seen(row["seen"], res, self._wall())
 
     def finish(self, status="successful"):
         """End the run: hosts still running are ``ok`` after a run that ended (ansible-runner status
         successful/failed), ``canceled`` after one that was cancelled, timed out or did not finish; a cancelled
-        restart host gets a cause saying what its phase leaves behind (:data:`CANCELED_IN`)."""
+        restart host gets a cause saying what its phase leaves behind (``gpufleet_cut_short``)."""
         now = self._clock()
         for row in self._hosts.values():
             if row["ended"] is None:
@@ -187,10 +180,10 @@ class FleetProgress:
             if row["state"] == "running":
                 row["state"] = "ok" if status in ("successful", "failed") else "canceled"
                 # A new server seen ready (the launch's readiness wait ended) before verify began: say so.
-                phase = ("verify" if row["ready_at"] is not None and row["phase"] in ("stop", "wait", "launch")
+                phase = ("verify" if row["seen"].get("ready_at") is not None and row["phase"] in ("stop", "wait", "launch")
                          else row["phase"])
-                if row["state"] == "canceled" and phase in CANCELED_IN and not row["cause"]:
-                    row["cause"] = CANCELED_IN[phase].format(host=row["host"])
+                if row["state"] == "canceled" and phase and not row["cause"]:
+                    row["cause"] = cut_short(phase, row["host"])
 
     def wall(self):
         """The wall clock (epoch s) this progress reads."""
@@ -266,13 +259,11 @@ def _restart_rows(progress):
     now = progress.wall()
     for row in progress.hosts():
         if row["host"] not in out:
-            line = {"host": row["host"], "result": row["state"], "phase": row["phase"], "cause": row["cause"],
-                    "old_pid": row["old_pid"], "new_pid": row["new_pid"]}
+            line = {"host": row["host"], "result": row["state"], "phase": row["phase"], "cause": row["cause"]}
             # A run cut short after the stop (no summary row came): the outage so far, until a server was seen
             # ready; the rerun will not know a server ran (it finds none), so this report is where it is counted.
-            if row["stopped_at"] is not None and row["old_pid"] is not None:
-                line["still_down"] = row["ready_at"] is None
-                line["downtime_s"] = round(max((row["ready_at"] or now) - row["stopped_at"], 0.0), 1)
+            if _RUN is not None:
+                line.update(_RUN.gpufleet_outage_so_far(row["seen"], now))
             out[row["host"]] = line
     return out
 

@@ -55,6 +55,18 @@ def test_type_errors_name_the_variable_the_user_set(name, value, word):
     assert word in message, message
 
 
+@pytest.mark.parametrize("name", run._BOOL_VARS)
+def test_a_mistyped_switch_is_refused_before_any_host_is_touched(name):
+    # gpufleet_rollback=ture passed every check before the stop; the rollback's own argument check then failed and
+    # the host was left down with no rollback; `| bool` reads it as false in silence elsewhere.
+    [message] = run.gpufleet_guard_errors({name: "ture"})
+    assert message.startswith("%s='ture' is not a boolean; give true or false" % name), message
+    for good in (True, False, "yes", "No", " true ", "off", "1", 0, 1, "", None):
+        assert run.gpufleet_guard_errors({name: good}) == [], (name, good)
+    for bad in (2, "enabled", ["yes"], {"a": 1}):
+        assert run.gpufleet_guard_errors({name: bad}), (name, bad)
+
+
 def test_good_values_pass():
     assert run.gpufleet_guard_errors({"sglang_port": "30001", "gpufleet_lock_lease_s": 20,
                                       "sglang_verify_throughput": "yes", "target": "gpu_hosts:!gpu-07"}) == []
@@ -293,8 +305,16 @@ def test_after_a_rollback_new_pid_is_the_relaunched_server_not_the_failed_one():
     assert row["result"] == "rolled_back" and row["new_pid"] == 220
     row = run.gpufleet_restart_row(dict(failed, rollback={"state": "relaunched_loading", "pid": "221", "detail": "x"}))
     assert row["new_pid"] == 221
-    # no relaunch: the launched pid, as before
-    assert run.gpufleet_restart_row(dict(failed, rollback={"state": "failed", "pid": None, "detail": "x"}))["new_pid"] == 172
+    # no relaunch, nothing serves: the launched server is gone (crashed, or stopped by the rollback), no pid names it
+    assert run.gpufleet_restart_row(dict(failed, rollback={"state": "failed", "pid": None, "detail": "x"}))["new_pid"] is None
+    # ...unless the rollback could not stop it: then it may still run, and its pid is what to look at
+    stuck = {"state": "failed", "pid": None,
+             "detail": "rollback failed while stopping the server this run launched: timeout"}
+    assert run.gpufleet_restart_row(dict(failed, rollback=stuck))["new_pid"] == 172
+    # a new server that serves but failed verify with no rollback keeps its pid
+    kept = run.gpufleet_restart_row(dict(failed, failed_phase="verify", ready_epoch=1012.0,
+                                         rollback={"state": "not_needed", "detail": "gpufleet_rollback is false"}))
+    assert kept["new_pid"] == 172
 
 
 def test_failed_host_that_was_stopped_shows_downtime_so_far_and_still_down():

@@ -123,6 +123,19 @@ def test_progress_follows_phases_per_host_and_keeps_guard_failures_apart():
     assert rows["gpu-02"]["state"] == "unreachable" and "No route to host" in rows["gpu-02"]["cause"]
 
 
+def test_rendering_the_new_argv_in_the_stop_phase_does_not_flip_the_host_to_launch():
+    # The live progress read "stop 10.7 s / launch 10.7 s / stop 11.2 s": sglang_launch's prepare tasks run in the
+    # stop phase.
+    p = events.FleetProgress()
+    p.handle(ev("runner_on_start", "gpu-01", task="Drain", role="sglang_stop"))
+    p.handle(ev("runner_on_start", "gpu-01", task="Render argv", role="sglang_launch",
+                task_path="/x/roles/sglang_launch/tasks/prepare.yml:3"))
+    p.handle(ev("runner_on_start", "gpu-01", task="Validating arguments against arg spec 'prepare' - argv",
+                role="sglang_launch"))
+    p.handle(ev("runner_on_start", "gpu-01", task="Stop", role="sglang_stop"))
+    assert p.changes == [("gpu-01", "stop")]
+
+
 def test_rollback_is_a_phase_and_the_launch_record_keeps_the_verify_phase():
     p = events.FleetProgress()
     p.handle(ev("runner_on_ok", "gpu-01", task="Verify", role="sglang_verify"))
@@ -223,7 +236,7 @@ def test_a_restart_cancelled_after_the_stop_reports_the_old_pid_and_the_outage_s
     assert row["old_pid"] == 4242 and row["new_pid"] == 5151
     assert row["downtime_s"] == 31.5 and row["still_down"] is True
     assert "most likely serves nothing now" in row["cause"]
-    assert report["hosts"]["gpu-02"]["old_pid"] is None and "downtime_s" not in report["hosts"]["gpu-02"]
+    assert report["hosts"]["gpu-02"]["old_pid"] is None and report["hosts"]["gpu-02"]["downtime_s"] is None
     table = cli.fleet_table(report)
     downtime = [c for c in table.columns if c.header == "downtime_s"][0]
     assert list(downtime.cells)[0] == "down:31.5"
@@ -342,3 +355,15 @@ def test_extra_vars_reach_ansible_playbook_through_a_0600_file_not_its_argv(tmp_
     argv = config.command
     assert "@" + path in argv and argv[argv.index("@" + path) - 1] == "-e"
     assert not any(secret in a for a in argv)
+
+
+def test_the_count_line_says_a_refused_run_changed_nothing():
+    # "FAILED: 4 host(s), 4 failed" for a run the guard refused before touching any host.
+    report = {"command": "restart", "hosts": {h: {"result": "not_reached"} for h in ("a", "b", "c", "d")},
+              "failed_hosts": ["a", "b", "c", "d"]}
+    assert cli.count_line(report) == "4 host(s): 4 not_reached (untouched)"
+    report["hosts"].update(a={"result": "ok"}, b={"result": "rolled_back"})
+    assert cli.count_line(report) == "4 host(s): 1 ok, 1 rolled_back, 2 not_reached (untouched)"
+    check = {"command": "check", "hosts": {"a": {"verdict": "OK"}, "b": {"verdict": "CRIT"}}, "failed_hosts": ["b"]}
+    assert cli.count_line(check) == "2 host(s): 1 OK, 1 CRIT"
+    assert cli.count_line({"command": "patch", "hosts": {"a": {}}, "failed_hosts": []}) == "1 host(s), 0 failed"

@@ -278,3 +278,47 @@ def test_guard_refusal_the_rows_already_give_is_not_printed_again(monkeypatch):
     text = "\n".join(plugin._display.lines)
     assert text.count("is not valid") == 1 and "h1: not_reached: " + "; ".join(errors) in text
     assert plugin._display.lines[-1] == "refused before touching any host (the cause is in the rows above)"
+
+
+def test_an_interrupted_run_still_prints_what_each_host_was_left_in(monkeypatch):
+    # Ctrl-C on ansible-playbook: ansible-core skips v2_playbook_on_stats and every always: section, and printed only
+    # "User interrupted execution" while the host it was restarting served nothing.
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the command line before touching any host"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1", "h2", "h3"]}}))
+    plugin.v2_playbook_on_play_start(Named("Preflight - check every targeted host before touching any"))
+    for host in ("h1", "h2", "h3"):
+        plugin.v2_runner_on_start(Named(host), FakeTask("Check", role="sglang_preflight"))
+    plugin.v2_playbook_on_play_start(Named("Restart SGLang host by host (patch, stop, wait, launch, verify)"))
+    # h1 went through: its final row
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Stop", role="sglang_stop"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_stats": {"data": {"gpufleet_restart": {
+        "h1": {"host": "h1", "result": "ok", "downtime_s": 9.0, "old_pid": 10, "new_pid": 11}}}}}))
+    # h2 was stopped and is in the wait (its provisional row says unreachable) when Ctrl-C comes
+    plugin.v2_runner_on_ok(FakeResult("h2", {"ansible_stats": {"data": {"gpufleet_restart": {
+        "h2": {"host": "h2", "result": "unreachable", "phase": "wait", "cause": "connection lost during wait"}}}}}))
+    plugin.v2_runner_on_start(Named("h2"), FakeTask("Stop", role="sglang_stop"))
+    plugin.v2_runner_on_ok(FakeResult("h2", {"signalled": [{"pid": 20, "signals": ["SIGTERM"]}], "main_pid": 20,
+                                             "stop_ms": 2000}, FakeTask("Stop", role="sglang_stop")))
+    plugin.v2_runner_on_start(Named("h2"), FakeTask("Wait", role="gpu_memory_wait"))
+    rows = plugin.interrupted_rows(now=cb.time.time() + 5)
+    assert list(rows) == ["h2"]
+    h2 = rows["h2"]
+    assert h2["result"] == "interrupted" and h2["phase"] == "wait" and h2["old_pid"] == 20 and h2["still_down"]
+    assert 6.5 <= h2["downtime_s"] <= 8.0, h2
+    assert h2["advice"].startswith("interrupted after the stop, in the wait for GPU memory: this host most likely "
+                                   "serves nothing now; rerun playbooks/restart.yml -e target=h2")
+    plugin._on_exit()
+    text = "\n".join(plugin._display.lines)
+    assert "BANNER GPUFLEET SUMMARY (interrupted)" in plugin._display.lines
+    assert "h2: interrupted in wait: ansible-playbook was interrupted" in text
+    assert "h3: not_started" in text and "h1: interrupted" not in text  # h1 finished: its own row
+    # A run that reached its stats prints the normal summary only.
+    done = make(monkeypatch)
+    done.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    done.v2_playbook_on_play_start(Named("Restart SGLang host by host"))
+    done.v2_runner_on_start(Named("h1"), FakeTask("Stop", role="sglang_stop"))
+    done.v2_playbook_on_stats(None)
+    before = list(done._display.lines)
+    done._on_exit()
+    assert done._display.lines == before

@@ -151,6 +151,9 @@ def test_info_device_holders_match_their_documentation(monkeypatch, nvml):
     assert holders[900]["gpu_indices"] == [] and holders[682]["gpu_indices"] == [0]
     gpu0 = {p["pid"]: p["source"] for p in r["gpus"][0]["processes"]}
     assert gpu0 == {682: ["nvml", "proc_fd"]}
+    # gpus=1: the holder of GPU 0 only is not GPU 1's; the one that holds no specific GPU still counts
+    r = run_main(monkeypatch, MODULE, {"gpus": [1]}).result
+    assert [h["pid"] for h in r["device_holders"]] == [900]
 
 
 # ------------------------------------------------------------------------------------------------ issue 9
