@@ -178,7 +178,8 @@ def _describe_pid(pid):
     """(user, cmdline) of ``pid`` via psutil; ("?", "?") when it cannot be read."""
     try:
         proc = psutil.Process(pid)
-        cmdline = " ".join(redact_argv(proc.cmdline())) or "[%s]" % proc.name()
+        # Spaces collapsed: a process that set its title (setproctitle) pads argv with blanks up to its old length.
+        cmdline = " ".join(" ".join(redact_argv(proc.cmdline())).split()) or "[%s]" % proc.name()
         return proc.username(), cmdline
     except (psutil.Error, OSError):
         return "?", "?"

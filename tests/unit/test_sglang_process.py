@@ -776,3 +776,22 @@ def test_verified_reports_a_server_that_is_gone_and_a_missing_pid_file_without_f
     rc, result = _verified(tmp_path, capsys, port, pid=1, pid_file=None,
                            worker_env={"expected": {}, "title_pattern": "("})
     assert rc == 1 and "invalid worker_env.title_pattern" in result["msg"]
+
+
+def test_a_port_holder_whose_title_is_padded_reads_as_one_line(monkeypatch):
+    # A process that set its title (setproctitle) pads argv with blanks: the port holder's line carried ~80 spaces.
+    class Proc:
+        def __init__(self, pid):
+            self.pid = pid
+
+        def cmdline(self):
+            return ["python3 stray_listener.py" + " " * 80, ""]
+
+        def name(self):
+            return "python3"
+
+        def username(self):
+            return "root"
+
+    monkeypatch.setattr(spawn.psutil, "Process", Proc)
+    assert spawn._describe_pid(4242) == ("root", "python3 stray_listener.py")
