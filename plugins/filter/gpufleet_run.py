@@ -567,7 +567,10 @@ def gpufleet_restart_row(facts):
     ``ran_before`` (preflight's check-mode stop: whether an SGLang server or leftover ran on the host when the run
     began; false makes a failure before the stop say that none ran instead of "the old server still serves"; null
     when unknown); ``running_pid`` (the server's main pid that preflight's check-mode stop found: the row's
-    ``old_pid`` when this run stopped nothing, e.g. a failure before the stop or ``--check``).
+    ``old_pid`` when this run stopped nothing, e.g. a failure before the stop or ``--check``); ``previous_run``
+    (the owner record of a restart lock this run took over: a run that did not finish, e.g. interrupted; keys
+    run_id, controller, started, started_epoch (host epoch s)): on a host where no server ran, the note says
+    that run most likely left it down, and since when at most.
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
     ``advice`` (what to do next; on a row that is ok, only a note: "no server ran before this run ..." when
@@ -664,6 +667,17 @@ def gpufleet_restart_row(facts):
                               % (f["router_out_of_pool"], f.get("router_worker_url") or "the worker URL"))
         if first_launch:
             row["advice"] = "no server ran before this run: " + row["advice"]
+    elif first_launch and isinstance(f.get("previous_run"), Mapping):
+        # The outage an interrupted run left is counted nowhere else: this run found no server (downtime 0.0).
+        prev = f["previous_run"]
+        started_at = _num(prev.get("started_epoch"))
+        ago = (", %d s before this run's stop" % max(stop_at - started_at, 0)) if (
+            started_at is not None and stop_at is not None) else ""
+        row["advice"] = ("no server ran before this run: the previous restart of this host (run %s from %s, "
+                         "started %s) did not finish (this run took over its restart lock), so the host was most "
+                         "likely down since that run's stop, at most since it started%s; downtime_s 0.0 counts "
+                         "only this run" % (prev.get("run_id") or "?", prev.get("controller") or "?",
+                                            prev.get("started") or "?", ago))
     elif first_launch:
         row["advice"] = ("no server ran before this run (a first launch, or the host was down), so none was "
                          "interrupted (downtime_s 0.0)")

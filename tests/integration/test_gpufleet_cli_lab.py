@@ -189,3 +189,6 @@ def test_ctrl_c_on_ansible_playbook_mid_restart_still_prints_what_the_host_was_l
     rerun = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert server_pid(lab, host) not in (None, before)
+    # It found no server (downtime 0.0), but says the interrupted run left the host down, and since when at most.
+    note = rerun.stdout.split("GPUFLEET SUMMARY", 1)[1]
+    assert "did not finish (this run took over its restart lock), so the host was most likely down" in note, note

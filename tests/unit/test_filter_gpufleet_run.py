@@ -265,6 +265,21 @@ def test_first_launch_says_so_instead_of_passing_for_an_instant_restart():
     assert run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, new_pid=None))["advice"] is None
 
 
+def test_a_first_launch_after_an_interrupted_run_says_that_run_left_the_host_down():
+    # Ctrl-C after the stop, then a rerun: it found no server and said "a first launch ... downtime_s 0.0", and
+    # the outage the interrupted run left was recorded nowhere.
+    prev = {"run_id": "20261203T2100-77", "controller": "ctl-1", "started": "2026-12-03T21:00:00Z",
+            "started_epoch": 900.0}
+    row = run.gpufleet_restart_row(dict(BASE, stop_old_pid=None, stop_signalled=0, ready_epoch=1030.0, nccl_ok=True,
+                                        previous_run=prev))
+    assert row["downtime_s"] == 0.0 and row["result"] == "ok"
+    assert row["advice"].startswith("no server ran before this run: the previous restart of this host (run "
+                                    "20261203T2100-77 from ctl-1, started 2026-12-03T21:00:00Z) did not finish")
+    assert "at most since it started, 100 s before this run's stop" in row["advice"]
+    # A taken-over lock on a host that still served: an ordinary restart, no such note.
+    assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.0, nccl_ok=True, previous_run=prev))["advice"] is None
+
+
 def test_a_launch_without_verify_says_it_was_not_verified():
     # --tags launch (the recovery after --tags stop): the server answers health, verify never ran.
     launch_only = dict(host="h1", now=1100.0, ready_epoch=1030.0, new_pid=88)
