@@ -58,14 +58,15 @@ def phase_of(event_data, default=None):
     """The phase a task belongs to (str) from its role or its name's ``(<phase>)`` suffix, else ``default``.
 
     sglang_launch's ``tasks/rollback.yml`` is the ``rollback`` phase; its ``tasks/record.yml`` (the launch
-    record written after verify) and ``tasks/prepare.yml`` (the new argv rendered in the stop phase, for the stop
-    to start the server) belong to no phase of their own (``default``): the host stays in the phase it is in.
+    record written after verify) and ``tasks/prepare.yml`` with the ``tasks/checks.yml`` it imports (the new argv
+    rendered in the stop phase, for the stop to start the server) belong to no phase of their own (``default``):
+    the host stays in the phase it is in.
     """
     task_path = event_data.get("task_path") or ""
     entry = _ARG_SPEC_ENTRY.match(event_data.get("task") or "")  # include_role tasks_from's validation task
     if "/sglang_launch/tasks/rollback.yml" in task_path or (entry and entry.group(1) == "rollback"):
         return "rollback"
-    if any("/sglang_launch/tasks/%s.yml" % name in task_path for name in ("record", "prepare")) or (
+    if any("/sglang_launch/tasks/%s.yml" % name in task_path for name in ("record", "prepare", "checks")) or (
             entry and entry.group(1) in ("record", "prepare")):
         return default
     role = event_data.get("role") or ""

@@ -118,7 +118,8 @@ def test_sigterm_mid_restart_cancels_with_a_report_of_the_outage_and_a_rerun_rec
     try:
         for line in proc.stderr:
             seen.append(line)
-            if re.match(r"^\s+%s\s+(wait|launch)\b" % re.escape(host), line):
+            # the wait phase begins once the stop's result is in (the old server is stopped)
+            if re.match(r"^\s+%s\s+wait\b" % re.escape(host), line):
                 proc.send_signal(signal.SIGTERM)
                 break
         rest_out, rest_err = proc.communicate(timeout=300)

@@ -132,6 +132,8 @@ def test_rendering_the_new_argv_in_the_stop_phase_does_not_flip_the_host_to_laun
                 task_path="/x/roles/sglang_launch/tasks/prepare.yml:3"))
     p.handle(ev("runner_on_start", "gpu-01", task="Validating arguments against arg spec 'prepare' - argv",
                 role="sglang_launch"))
+    p.handle(ev("runner_on_start", "gpu-01", task="Check the launch inputs", role="sglang_launch",
+                task_path="/x/roles/sglang_launch/tasks/checks.yml:8"))
     p.handle(ev("runner_on_start", "gpu-01", task="Stop", role="sglang_stop"))
     assert p.changes == [("gpu-01", "stop")]
 
