@@ -342,9 +342,13 @@ class CallbackModule(CallbackBase):
             self._phase[host.get_name()] = phase
 
     def _note_server(self, result):
-        if self._is_restart():
+        # Every result of the run passes here: only the stop's and the launch's, and only the keys read, are copied.
+        res = result._result
+        if self._is_restart() and ("signalled" in res or "ready" in res):
             seen = self._seen.setdefault(result._host.get_name(), {})
-            _load_filter("gpufleet_run", "gpufleet_server_seen")(seen, _plain(dict(result._result)), time.time())
+            keys = ("signalled", "main_pid", "stop_ms", "start", "ready", "pid")
+            _load_filter("gpufleet_run", "gpufleet_server_seen")(
+                seen, _plain({k: res[k] for k in keys if k in res}), time.time())
 
     def v2_runner_on_ok(self, result):
         self._note_server(result)
@@ -392,6 +396,7 @@ class CallbackModule(CallbackBase):
         start) is such a host too, unless the host really went unreachable."""
         now = time.time() if now is None else now
         cut_short = _load_filter("gpufleet_run", "gpufleet_cut_short")
+        cut_phase = _load_filter("gpufleet_run", "gpufleet_cut_phase")
         outage = _load_filter("gpufleet_run", "gpufleet_outage_so_far")
         out = {}
         for host, phase in self._phase.items():
@@ -399,8 +404,7 @@ class CallbackModule(CallbackBase):
             if host in self._unreachable or host in self._failed or (row and row.get("result") != "unreachable"):
                 continue
             seen = self._seen.get(host) or {}
-            if seen.get("ready_at") is not None and phase in ("stop", "wait", "launch"):
-                phase = "verify"  # the new server was seen ready: only verify was left
+            phase = cut_phase(phase, seen)
             line = dict(host=host, result="interrupted", phase=phase,
                         cause="ansible-playbook was interrupted: no rescue, rollback or summary task ran",
                         advice=cut_short(phase, host, "interrupted"))

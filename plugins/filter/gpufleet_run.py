@@ -35,22 +35,25 @@ _BOOL_WORDS = ("yes", "no", "true", "false", "on", "off", "y", "n", "t", "f", "1
 # Switches a user sets (inventory, -e, an AWX survey) that the playbooks read with ``| bool`` or pass to a role's
 # bool option. ``| bool`` reads a typo ('ture') as false in silence, and a role's argument check fails only when
 # that role runs: after the stop for the launch and rollback (gpufleet_rollback=ture left a host down with no
-# rollback). So each is checked before any host is touched. sglang_verify_throughput has its own message.
+# rollback). So each is checked before any host is touched.
 _BOOL_VARS = (
-    "gpufleet_rollback", "gpufleet_patch_backup", "gpufleet_start_with_stop", "sglang_launch_enable",
+    "sglang_verify_throughput", "gpufleet_rollback", "gpufleet_patch_backup", "gpufleet_start_with_stop", "sglang_launch_enable",
     "sglang_launch_become", "sglang_nccl_patch_become", "sglang_nccl_patch_backup", "sglang_stop_become",
     "sglang_stop_remove_stale_shm", "sglang_stop_wait_gpu_memory", "gpu_memory_wait_require_no_processes",
     "sglang_preflight_allow_hub_ids", "sglang_preflight_become", "sglang_preflight_gpu_require_no_processes",
     "sglang_router_refused_is_idle", "sglang_verify_become", "fleet_check_become",
     "fleet_check_require_persistence", "fleet_check_textfile_become",
 )
+# What leaving a switch unset means, where the message says more than "the default".
+_BOOL_UNSET = {"sglang_verify_throughput": "leave it empty for false"}
 
 
 def _is_bool_like(value):
-    """What Ansible's boolean conversion takes: a bool, 0/1 (int or float), or one of :data:`_BOOL_WORDS`."""
+    """A bool, the integer 0 or 1, or one of :data:`_BOOL_WORDS` (what Ansible's boolean conversion takes, less
+    floats: 1.0 written for a switch is refused)."""
     if isinstance(value, bool):
         return True
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
         return value in (0, 1)
     return isinstance(value, str) and value.strip().lower() in _BOOL_WORDS
 
@@ -331,7 +334,7 @@ def gpufleet_guard_errors(values, host=None):
     Checked: ``gpufleet_serial`` (see :func:`gpufleet_serial_error`), ``gpufleet_max_unavailable`` (see
     :func:`gpufleet_max_unavailable_error`), ``sglang_port`` (whole number 1-65535),
     ``gpufleet_lock_lease_s`` and the deprecated ``gpufleet_lock_stale_s`` (whole number of seconds ≥ 1),
-    ``sglang_verify_throughput`` and the switches of ``_BOOL_VARS`` such as ``gpufleet_rollback`` (a boolean or
+    the switches of ``_BOOL_VARS`` such as ``sglang_verify_throughput`` and ``gpufleet_rollback`` (a boolean or
     yes/no/true/false/on/off/1/0), ``target`` (a string: a host,
     group or pattern), and the restart's timeouts, slices, poll intervals and the launch's and verification's
     numeric settings (``_TUNABLES``: a number, whole where the role wants an int, in its range; checked here because
@@ -373,16 +376,11 @@ def gpufleet_guard_errors(values, host=None):
     workers = _min_workers_error(values)
     if workers:
         errors.append(workers)
-    throughput = values.get("sglang_verify_throughput")
-    if not gpufleet_unset(throughput) and not isinstance(throughput, bool) and \
-            str(throughput).strip().lower() not in _BOOL_WORDS:
-        errors.append("sglang_verify_throughput=%s is not a boolean; give true or false (yes/no), or leave it empty "
-                      "for false" % _show(throughput))
     for name in _BOOL_VARS:
         value = values.get(name)
         if not gpufleet_unset(value) and not _is_bool_like(value):
-            errors.append("%s=%s is not a boolean; give true or false (yes/no), or do not set it for the default"
-                          % (name, _show(value)))
+            errors.append("%s=%s is not a boolean; give true or false (yes/no), or %s"
+                          % (name, _show(value), _BOOL_UNSET.get(name, "do not set it for the default")))
     target = values.get("target")
     if not gpufleet_unset(target) and not isinstance(target, str):
         errors.append("target=%s is a %s; give a host, a group or an Ansible host pattern as text "
@@ -454,6 +452,14 @@ def gpufleet_cut_short(phase, host, word="cancelled"):
     phase."""
     text = _CUT_IN.get(phase)
     return text.format(word=word, host=host) if text else None
+
+
+def gpufleet_cut_phase(phase, seen):
+    """The phase to report for a host cut short in ``phase``: ``verify`` once :func:`gpufleet_server_seen`'s
+    ``seen`` holds a new server seen ready during the stop, wait or launch (only verify was left), else ``phase``."""
+    if (seen or {}).get("ready_at") is not None and phase in ("stop", "wait", "launch"):
+        return "verify"
+    return phase
 
 
 def gpufleet_server_seen(seen, res, now):

@@ -261,7 +261,7 @@ def _say_cancelling(err):
               "report follows", highlight=False, soft_wrap=True)
 
 
-def _cancel_on_signals(cancel, err):
+def _cancel_on_signals(cancel):
     """Make SIGTERM (kill, systemd, a CI job's timeout) cancel the run as Ctrl-C does: ``cancel`` is set,
     ansible-runner stops the playbook and the report is still written. Before, SIGTERM ended this process at
     once, leaving ansible-playbook without its reader and no report. SIGINT keeps Python's handler (Ctrl-C raises
@@ -306,20 +306,20 @@ def run(args, out=None, err=None):
         err.print("gpufleet %s: %s%s" % (args.command, spec["playbook"],
                                          " (check mode)" if args.check else ""), highlight=False)
     cancel = threading.Event()  # Ctrl-C: ansible-runner stops the playbook (AWX's cancel), the report still comes
-    restore = _cancel_on_signals(cancel, err)
+    restore = _cancel_on_signals(cancel)
     thread, runner = ansible_runner.run_async(event_handler=on_event, cancel_callback=cancel.is_set, **spec)
     live = None
     if not args.json and err.is_terminal:
         from rich.live import Live
         live = Live(_progress_table(progress, args.verbose), console=err, refresh_per_second=4, transient=False)
         live.start()
-    said = []
+    said = False  # "cancelling" printed
     try:
         while thread.is_alive():
             thread.join(0.25)
             if cancel.is_set() and not said:  # SIGTERM
                 _say_cancelling(err)
-                said.append(True)
+                said = True
             with lock:
                 if live is not None:
                     live.update(_progress_table(progress, args.verbose))
@@ -365,8 +365,8 @@ def run(args, out=None, err=None):
     for line in _why_lines(report):
         out.print(line, highlight=False, markup=False, soft_wrap=True)
     err.print("status %s, rc %s; artifacts: %s (stdout, job_events/); report: %s" % (
-        report["status"], "-" if report["rc"] is None else report["rc"], artifacts, os.path.join(run_dir, "report.json")), highlight=False,
-        soft_wrap=True)
+        report["status"], "-" if report["rc"] is None else report["rc"], artifacts,
+        os.path.join(run_dir, "report.json")), highlight=False, soft_wrap=True)
     return report
 
 

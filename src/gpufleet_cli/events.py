@@ -47,10 +47,11 @@ def _load_run_filter():
 _RUN = _load_run_filter()
 
 
-def cut_short(phase, host, word="cancelled"):
-    """What a restart of ``host`` cut short in ``phase`` leaves behind (``gpufleet_cut_short``)."""
+def cut_short(phase, host, word="cancelled", seen=None):
+    """What a restart of ``host`` cut short in ``phase`` leaves behind (``gpufleet_cut_short``; a new server seen
+    ready in ``seen`` makes it the verify phase's text: ``gpufleet_cut_phase``)."""
     if _RUN is not None:
-        return _RUN.gpufleet_cut_short(phase, host, word)
+        return _RUN.gpufleet_cut_short(_RUN.gpufleet_cut_phase(phase, seen), host, word)
     return "%s in %s: playbooks/check.yml -e target=%s shows the host now" % (word, phase, host)
 
 
@@ -180,11 +181,8 @@ class FleetProgress:
                 row["ended"] = now
             if row["state"] == "running":
                 row["state"] = "ok" if status in ("successful", "failed") else "canceled"
-                # A new server seen ready (the launch's readiness wait ended) before verify began: say so.
-                phase = ("verify" if row["seen"].get("ready_at") is not None and row["phase"] in ("stop", "wait", "launch")
-                         else row["phase"])
-                if row["state"] == "canceled" and phase and not row["cause"]:
-                    row["cause"] = cut_short(phase, row["host"])
+                if row["state"] == "canceled" and row["phase"] and not row["cause"]:
+                    row["cause"] = cut_short(row["phase"], row["host"], seen=row["seen"])
 
     def wall(self):
         """The wall clock (epoch s) this progress reads."""

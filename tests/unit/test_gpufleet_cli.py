@@ -266,7 +266,7 @@ def test_sigterm_cancels_the_run_as_ctrl_c_does_and_the_handler_is_put_back():
         pytest.skip("signal handlers can be set only in the main thread")
     before = signal.getsignal(signal.SIGTERM)
     cancel = threading.Event()
-    restore = cli._cancel_on_signals(cancel, None)
+    restore = cli._cancel_on_signals(cancel)
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         for _ in range(100):
