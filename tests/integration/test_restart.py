@@ -209,6 +209,31 @@ def test_memory_never_released_fails_naming_holders_and_the_rollback_does_not_re
     ensure_serving(lab, [host])
 
 
+@pytest.mark.lab_only_once
+def test_memory_released_late_fails_the_wait_and_the_rollback_relaunches_once_it_is_free(lab):
+    """The memory comes free after the wait ran out (8 s against 5 s) but within the rollback's second wait: the
+    previous server is relaunched then, and the host serves again (rolled_back in wait)."""
+    host = lab.hosts[0]
+    ensure_serving(lab, [host])
+    old_pid = server_pid(lab, host)
+    lab.fault(host, release_delay_ms=8000)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, gpu_memory_wait_timeout_s=5), limit=host)
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-3000:]
+        [failed] = lab.events(runner, "runner_on_failed", "nvidia_gpu_wait")
+        assert "not released" in failed["res"]["msg"]
+        rows = [d for d in lab.events(runner, "playbook_on_stats")][-1]["artifact_data"]["gpufleet_restart"]
+        assert rows[host]["result"] == "rolled_back" and rows[host]["phase"] == "wait", rows[host]
+        relaunched = server_pid(lab, host)
+        assert relaunched not in (None, old_pid) and alive(lab, host, relaunched)
+        assert rows[host]["new_pid"] == relaunched
+        assert lab.wait_http(host, timeout_s=30) is not None
+    finally:
+        lab.clear_faults(host)
+    ensure_serving(lab, [host])
+
+
 def _assert_refused_before_any_stop(lab, runner, before, words):
     out = stdout_of(runner)
     assert runner.status == "failed", out[-3000:]
