@@ -13,13 +13,21 @@ description:
   - SGLang's C(_set_envs_and_config) writes environment variables itself (for example
     C(CUDA_DEVICE_MAX_CONNECTIONS) always, C(NCCL_CUMEM_ENABLE) and C(NCCL_NVLS_ENABLE) always up to 0.5.4),
     overwriting values exported before the launch; TP workers are spawned afterwards and inherit the result.
-  - This module inserts one managed block of C(os.environ[NAME] = VALUE) lines into that function, just
-    before its statement C(mp.set_start_method) with arguments V("spawn") and V(force=True). That statement occurs exactly once in
-    the function in every release from 0.3.6 to 0.5.23 and no environment write follows it, so the block's
-    values are the ones the workers see.
-  - The file is C(sglang/srt/entrypoints/engine.py) from 0.4.1.post7 and C(sglang/srt/server.py) up to
-    0.4.1.post6; the module parses both and picks the one that defines the function (0.4.1.post7 to 0.4.5
-    ship a C(server.py) that only re-exports).
+  - This module inserts one managed block of C(os.environ[NAME] = VALUE) lines into that function in every file
+    of the installed C(sglang) package that defines it, just before the function's own top-level
+    C(mp.set_start_method(...)) statement, whatever its arguments (V("spawn") up to 0.5.23,
+    C(envs.SGLANG_MP_START_METHOD.get()) or a variable after it). No environment write follows that statement in
+    any release, so the block's values are the ones the workers see. A function without such a statement gets
+    the block at the end of its body (before a final C(return)).
+  - The whole package is searched (a text pre-filter, then C(ast) on the few files that name the function), finding
+    C(sglang/srt/entrypoints/engine.py) from 0.4.1.post7, C(sglang/srt/server.py) up to 0.4.1.post6 (0.4.1.post7
+    to 0.4.5 ship a C(server.py) that only re-exports, and is skipped), and, on SGLang's development branch after
+    0.5.23, also C(sglang/srt/entrypoints/worker_launch.py), whose copy runs instead of engine.py's when
+    C(SGLANG_PRESPAWN_WORKERS=1). The search costs about 50-250 ms on 0.5.23's 4,717 files (RV(scan)).
+  - The module refuses, naming the file and line and changing no file, a function whose shape is ambiguous (two
+    such statements, one nested in a branch, loop, C(with) or C(try), or a C(return) before the insertion point).
+  - Every file gets the same guarantees; all are planned and compiled before the first is written, and when a
+    later write fails the files already written are put back.
   - The block sits between two marker lines (C(# BEGIN gpufleet managed block ...) and
     C(# END gpufleet managed block ...)), indented like the anchor statement, and is made of whole lines and
     nothing else, so O(state=absent) restores the original file byte for byte. Line endings follow the anchor
@@ -36,7 +44,7 @@ author:
 options:
   path:
     description:
-      - The file to patch (the one that defines C(_set_envs_and_config)).
+      - One file to patch (it must define C(_set_envs_and_config)); only this file is changed.
       - Mutually exclusive with O(python). One of them is required.
     type: path
   python:
@@ -91,14 +99,23 @@ options:
     default: false
   previous_file:
     description:
-      - "Right before the file is changed, write its current bytes to this path (for a rollback to put back;
-        C(restart.yml) uses C(<sglang_state_dir>/engine.py.prev)). Written atomically (temporary file and
-        rename) with the mode of the file; its parent directory is created (0755) when missing. Nothing is
-        written when the file needs no change, nor in check mode."
+      - "Right before the file is changed, write its current bytes to this path (for a rollback to put back).
+        Written atomically (temporary file and rename) with the mode of the file; its parent directory is
+        created (0755) when missing. Nothing is written when the file needs no change, nor in check mode."
       - "Written by the same user as the patch (C(become) of the task). When the copy cannot be written the
         module fails before the file is touched (RV(previous) is null, the file unchanged)."
+      - Only for one file. When more than one file would change the module fails before writing any (use
+        O(previous_dir) then). Mutually exclusive with O(previous_dir).
     type: path
     version_added: "1.2.0"
+  previous_dir:
+    description:
+      - "Like O(previous_file), for every file that changes: its bytes go to
+        C(<previous_dir>/<path inside the package with dots>.prev), for example
+        C(srt.entrypoints.engine.py.prev); RV(files) names each copy and its SHA-256. C(restart.yml) uses
+        C(<sglang_state_dir>/nccl-patch-prev). When a copy cannot be written no file is changed."
+    type: path
+    version_added: "1.3.0"
 attributes:
   check_mode:
     support: full
@@ -112,8 +129,8 @@ attributes:
 notes:
   - The module refuses a file whose managed block is malformed (a BEGIN marker without END, END before BEGIN,
     or more than one block); fix or remove the markers by hand, or reinstall the sglang wheel.
-  - If C(_set_envs_and_config) or the anchor statement is not found (a release newer than 0.5.23 may move it),
-    the module fails naming the file, the sglang release and what was looked for, and leaves the file as it was.
+  - If no file defines C(_set_envs_and_config), or its shape is ambiguous, the module fails naming the file, the
+    line, the sglang release and what was looked for, and leaves every file as it was.
   - The module parses SGLang's source with the Python that runs the module; run it with
     C(ansible_python_interpreter) set to the SGLang virtualenv's python (or a Python at least as new).
   - Reinstalling or upgrading sglang replaces the file and removes the block; run the module again afterwards.
@@ -121,6 +138,9 @@ seealso:
   - name: SGLang _set_envs_and_config (0.5.23)
     description: Where SGLang sets its own environment before spawning workers.
     link: https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/entrypoints/engine.py
+  - name: SGLang worker_launch.py (development branch after 0.5.23)
+    description: The copy of the function run when C(SGLANG_PRESPAWN_WORKERS=1).
+    link: https://github.com/sgl-project/sglang/blob/main/python/sglang/srt/entrypoints/worker_launch.py
 """
 
 EXAMPLES = r"""
@@ -133,7 +153,13 @@ EXAMPLES = r"""
       CUDA_DEVICE_MAX_CONNECTIONS: "1"
     backup: true
 
-- name: Patch an explicit file (editable install in a container image)
+- name: Patch, keeping each changed file's bytes for a rollback
+  sglang_nccl_patch:
+    python: "{{ sglang_python }}"
+    env: "{{ sglang_nccl_env }}"
+    previous_dir: /var/lib/gpufleet/nccl-patch-prev
+
+- name: Patch one explicit file only (an editable install in a container image)
   sglang_nccl_patch:
     path: /sgl-workspace/sglang/python/sglang/srt/entrypoints/engine.py
     env: "{{ sglang_nccl_env }}"
@@ -161,10 +187,72 @@ EXAMPLES = r"""
 
 RETURN = r"""
 path:
-  description: The file that defines C(_set_envs_and_config) (the one patched).
+  description: The first file of RV(paths) (C(srt/entrypoints/engine.py) in every release up to 0.5.23).
   returned: always
   type: str
   sample: /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py
+paths:
+  description:
+    - Every file that defines C(_set_envs_and_config) and is patched, engine.py first (only O(path) when given).
+  returned: always
+  type: list
+  elements: str
+  sample: [/opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py,
+           /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/worker_launch.py]
+files:
+  description:
+    - One entry per file of RV(paths), in that order; empty when the module failed before reading them.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The file.
+      type: str
+    relative:
+      description: Its path inside the sglang package (C(srt/entrypoints/engine.py)); null outside a package.
+      type: str
+    changed:
+      description: Whether this file was (or, in check mode, would be) changed.
+      type: bool
+    line:
+      description: 1-based first line of the block after the run; null without a block.
+      type: int
+    placement:
+      description:
+        - Where the block goes. V(start_method) before the function's C(set_start_method) statement,
+          V(final_return) before its final C(return), V(end_of_body) after its last statement; null without a block.
+      type: str
+    block:
+      description:
+        - What the file held before the run. V(none) no managed block, V(same) a block setting exactly O(env),
+          V(other) a block setting other values.
+      type: str
+    block_env:
+      description: The variables the block held before the run (name to value); null without a block.
+      type: dict
+    mtime:
+      description: Modification time of the file after the run (Unix time, host clock).
+      type: float
+    sha256:
+      description: Hex SHA-256 of the file's bytes after the run (in check mode, as they are now).
+      type: str
+    backup_file:
+      description: The backup copy (O(backup)), or null.
+      type: str
+    previous_file:
+      description: Where its bytes before the change were kept (O(previous_file) or O(previous_dir)), or null.
+      type: str
+    previous_sha256:
+      description: Hex SHA-256 of the bytes in RV(files[].previous_file), or null.
+      type: str
+scan:
+  description:
+    - The package search with O(python) (null with O(path)). C(files_scanned) .py files read, C(files_parsed)
+      of them named the function and were parsed, C(scan_ms) milliseconds it took.
+  returned: always
+  type: dict
+  sample: {files_scanned: 4717, files_parsed: 2, scan_ms: 61.3}
 sglang_version:
   description: The sglang release the file belongs to, read without importing sglang; null if unknown.
   returned: always
@@ -176,12 +264,12 @@ version_source:
   type: str
   sample: /opt/sglang/venv/lib/python3.11/site-packages/sglang/_version.py
 changed:
-  description: Whether the file was (or, in check mode, would be) changed.
+  description: Whether any file was (or, in check mode, would be) changed.
   returned: always
   type: bool
 line:
   description:
-    - 1-based line where the managed block starts after the run; null when no block is present (V(absent) or empty env).
+    - 1-based line where the managed block starts in RV(path) after the run; null when no block is present (V(absent) or empty env).
   returned: always
   type: int
   sample: 341
@@ -192,14 +280,14 @@ env:
   sample: {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_IB_HCA": "mlx5"}
 sha256:
   description:
-    - "Hex SHA-256 of the file's bytes after the run (in check mode: as they are now, nothing was written);
+    - "Hex SHA-256 of RV(path)'s bytes after the run (in check mode: as they are now, nothing was written);
       null when the module failed before reading the file. The launch record keeps it as C(engine_sha256)."
   returned: always
   type: str
   sample: 3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855a
 previous:
   description:
-    - "What O(previous_file) holds, when the module wrote it: C(path) (the file patched), C(previous_file),
+    - "What O(previous_file) holds, when the module wrote it (with O(previous_dir): RV(files[].previous_file)): C(path) (the file patched), C(previous_file),
       C(sha256) (hex SHA-256 of the bytes kept there, which are the file's bytes before this change). Null
       when O(previous_file) is unset, the file needed no change, or in check mode. Also set in the failure
       result when the copy was written and the write of the file then failed (the file is unchanged)."
@@ -208,14 +296,14 @@ previous:
   sample: {path: /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py,
            previous_file: /var/lib/gpufleet/engine.py.prev, sha256: 9f2c...e1}
 backup_file:
-  description: Path of the backup copy when O(backup=true) and the file changed; null otherwise.
+  description: Path of RV(path)'s backup copy when O(backup=true) and it changed; null otherwise (RV(files) has each file's).
   returned: always
   type: str
   sample: /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py.4242.2026-11-29@20:15:02~
 diff:
-  description: The file before and after (diff mode).
+  description: The file before and after (diff mode); a list of such entries when several files define the function.
   returned: when diff mode is on
-  type: dict
+  type: raw
   contains:
     before:
       description: File content before.
@@ -229,6 +317,7 @@ msg:
   type: str
 """
 
+import ast
 import gc
 import hashlib
 import os
@@ -336,7 +425,7 @@ def plan_patch(text, items, state, filename="<source>"):
     ``state``: ``"present"`` or ``"absent"``.
 
     Returns a dict: ``after`` (str), ``changed`` (bool), ``line`` (1-based first line of the block in
-    ``after`` or None). Raises :class:`PatchError` (malformed block) or
+    ``after`` or None), ``placement`` (:func:`find_anchor`'s, or None without a block). Raises :class:`PatchError` (malformed block) or
     :class:`~ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang.SGLangLocateError` (function or anchor missing).
     """
     lines = split_lines(text)
@@ -346,15 +435,17 @@ def plan_patch(text, items, state, filename="<source>"):
         lines = lines[:begin] + lines[end + 1:]
     pristine = "".join(lines)
     if state == "absent" or not items:
-        return {"after": pristine, "changed": pristine != text, "line": None}
+        return {"after": pristine, "changed": pristine != text, "line": None, "placement": None}
     anchor = find_anchor(pristine, filename=filename)
     index = anchor["anchor_line"] - 1
-    anchor_line = lines[index]
-    indent = anchor_line[:anchor["col_offset"]]
-    eol = _line_ending(anchor_line) or (_line_ending(lines[index - 1]) if index else "") or "\n"
-    new_lines = lines[:index] + render_block(items, indent, eol) + lines[index:]
+    # Line endings follow the statement the block goes before, or (end of the body) the line it follows.
+    if anchor["placement"] == "end_of_body":
+        eol = _line_ending(lines[index - 1]) or "\n"
+    else:
+        eol = _line_ending(lines[index]) or (_line_ending(lines[index - 1]) if index else "") or "\n"
+    new_lines = lines[:index] + render_block(items, anchor["indent"], eol) + lines[index:]
     after = "".join(new_lines)
-    return {"after": after, "changed": after != text, "line": index + 1}
+    return {"after": after, "changed": after != text, "line": index + 1, "placement": anchor["placement"]}
 
 
 def _line_ending(line):
@@ -446,6 +537,87 @@ def remove_stale_bytecode(path):
     return removed
 
 
+def read_block_env(text):
+    """The variables the managed block in ``text`` (str) sets now (name -> str), or None when there is no block.
+
+    Only lines of the form the module writes are read (``os.environ[<literal>] = <literal>``); a block edited
+    into another form gives the lines it can read. Raises :class:`PatchError` for malformed markers.
+    """
+    found = find_block(text)
+    if found is None:
+        return None
+    env = {}
+    for line in split_lines(text)[found[0] + 1:found[1]]:
+        try:
+            node = ast.parse(line.strip()).body[0]
+        except (SyntaxError, ValueError, IndexError):
+            continue
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            key = node.targets[0].slice
+            if type(key).__name__ == "Index":  # Python 3.8 wraps the key in ast.Index
+                key = key.value
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                env[key.value] = node.value.value
+    return env
+
+
+def previous_name(package_dir, path):
+    """File name of ``path``'s rollback copy in ``previous_dir``: its path inside the sglang package with dots,
+    e.g. ``srt.entrypoints.engine.py.prev`` (unique per file, readable in a listing)."""
+    if package_dir:
+        rel = os.path.relpath(path, package_dir)
+        if not rel.startswith(".."):
+            return rel.replace(os.sep, ".") + ".prev"
+    return os.path.basename(path) + ".prev"
+
+
+def plan_files(found, items, state):
+    """Read and plan every file in ``found['paths']``; nothing is written. Returns a list of dicts (one per file):
+    ``path``, ``relative``, ``raw`` (bytes now), ``text``, ``plan`` (:func:`plan_patch`), ``data`` (bytes after),
+    ``block`` (``none``/``same``/``other``: what the file holds now against ``items``), ``block_env``, ``mtime``.
+    Raises PatchError (with ``.path``) or SGLangLocateError/SyntaxError (with ``.path`` set) naming the file."""
+    planned = []
+    for path in found["paths"]:
+        try:
+            with open(path, "rb") as handle:
+                raw = handle.read()
+            mtime = os.stat(path).st_mtime
+        except (IOError, OSError) as exc:
+            error = PatchError("cannot read %s: %s" % (path, exc))
+            error.path = path
+            raise error
+        # surrogateescape keeps any byte sequence, so unchanged parts are written back byte for byte.
+        text = raw.decode("utf-8", "surrogateescape")
+        try:
+            plan = plan_patch(text, items, state, filename=path)
+            block_env = read_block_env(text)
+        except (PatchError, SGLangLocateError, SyntaxError) as exc:
+            exc.path = path
+            raise
+        after = plan["after"]
+        package_dir = found.get("package_dir")
+        planned.append({
+            "path": path, "raw": raw, "text": text, "plan": plan, "mtime": mtime,
+            "relative": os.path.relpath(path, package_dir).replace(os.sep, "/") if package_dir else None,
+            "data": after.encode("utf-8", "surrogateescape"),
+            "block_env": block_env,
+            "block": "none" if block_env is None else ("same" if block_env == dict(items) else "other"),
+        })
+    return planned
+
+
+def file_result(entry, written, check_mode):
+    """The RV ``files`` entry of one planned file."""
+    plan = entry["plan"]
+    return {"path": entry["path"], "relative": entry["relative"], "changed": plan["changed"], "line": plan["line"],
+            "placement": plan.get("placement"), "block": entry["block"], "block_env": entry["block_env"],
+            "mtime": entry["mtime"] if not written else entry.get("mtime_after", entry["mtime"]),
+            "sha256": hashlib.sha256(entry["data"] if written else entry["raw"]).hexdigest(),
+            "backup_file": entry.get("backup_file"), "previous_file": entry.get("previous_file"),
+            "previous_sha256": entry.get("previous_sha256")}
+
+
 def run_module():
     module = AnsibleModule(
         argument_spec=dict(
@@ -456,13 +628,15 @@ def run_module():
             state=dict(type="str", default="present", choices=["present", "absent"]),
             backup=dict(type="bool", default=False),
             previous_file=dict(type="path"),
+            previous_dir=dict(type="path"),
         ),
-        mutually_exclusive=[["path", "python"]],
+        mutually_exclusive=[["path", "python"], ["previous_file", "previous_dir"]],
         required_one_of=[["path", "python"]],
         supports_check_mode=True,
     )
     params = module.params
-    result = dict(changed=False, path=params["path"], sglang_version=None, version_source=None,
+    result = dict(changed=False, path=params["path"], paths=[params["path"]] if params["path"] else [],
+                  files=[], sglang_version=None, version_source=None, scan=None,
                   line=None, env={}, backup_file=None, previous=None, sha256=None)
 
     try:
@@ -482,67 +656,106 @@ def run_module():
     try:
         found = locate_sglang(python=params["python"], path=params["path"], run=run)
     except SGLangLocateError as exc:
-        module.fail_json(msg="%s (looking for def %s() in sglang/srt/entrypoints/engine.py or sglang/srt/server.py)"
+        module.fail_json(msg="%s (looking for every file of the sglang package that defines %s())"
                          % (exc, FUNCTION_NAME), rc=getattr(exc, "rc", None),
                          stdout=getattr(exc, "stdout", None), stderr=getattr(exc, "stderr", None), **result)
-    path = found["path"]
     version = found["version"]
-    result.update(path=path, sglang_version=version, version_source=found["version_source"])
-    label = "%s (sglang %s)" % (path, version or "version unknown")
+    result.update(path=found["path"], paths=list(found["paths"]), sglang_version=version,
+                  version_source=found["version_source"], scan=found.get("scan"))
+    release = "sglang %s" % (version or "version unknown")
 
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except (IOError, OSError) as exc:
-        module.fail_json(msg="cannot read %s: %s" % (label, exc), **result)
-    # surrogateescape keeps any byte sequence, so unchanged parts are written back byte for byte.
-    text = raw.decode("utf-8", "surrogateescape")
-
-    try:
-        plan = plan_patch(text, items, params["state"], filename=path)
+        planned = plan_files(found, items, params["state"])
     except SGLangLocateError as exc:
-        module.fail_json(msg="cannot patch %s: %s. Looked for def %s() and, inside it, the statement %s before "
-                             "which the block goes; this sglang release is not supported by this module version, "
-                             "the file is unchanged." % (label, exc, FUNCTION_NAME, ANCHOR_TEXT), **result)
+        module.fail_json(msg="cannot patch %s (%s): %s. No file was changed; this shape of %s() is new to this "
+                             "module version (it puts the block before the function's %s statement, or at the end "
+                             "of its body when there is none)." % (exc.path, release, exc, FUNCTION_NAME,
+                                                                    ANCHOR_TEXT), **result)
     except PatchError as exc:
-        module.fail_json(msg="cannot patch %s: %s" % (label, exc), **result)
+        module.fail_json(msg="cannot patch %s (%s): %s. No file was changed." % (exc.path, release, exc), **result)
     except SyntaxError as exc:
-        module.fail_json(msg="cannot parse %s with Python at %s: %s. Run the module with ansible_python_interpreter "
-                             "set to the SGLang virtualenv's python." % (label, sys.executable, exc), **result)
+        module.fail_json(msg="cannot parse %s (%s) with Python at %s: %s. Run the module with "
+                             "ansible_python_interpreter set to the SGLang virtualenv's python."
+                             % (exc.path, release, sys.executable, exc), **result)
 
-    after = plan["after"]
-    data = after.encode("utf-8", "surrogateescape")
-    result.update(changed=plan["changed"], line=plan["line"], env=dict(items) if plan["line"] else {})
+    changing = [entry for entry in planned if entry["plan"]["changed"]]
+    first = planned[0]
+    result.update(changed=bool(changing), line=first["plan"]["line"],
+                  env=dict(items) if any(e["plan"]["line"] for e in planned) else {})
+    result["files"] = [file_result(entry, False, module.check_mode) for entry in planned]
     if module._diff:
-        result["diff"] = {"before": text, "after": after, "before_header": path, "after_header": path}
+        diffs = [{"before": e["text"], "after": e["plan"]["after"], "before_header": e["path"],
+                  "after_header": e["path"]} for e in planned]
+        result["diff"] = diffs[0] if len(diffs) == 1 else diffs
 
-    if plan["changed"]:
+    for entry in changing:
         try:
             # Compile the exact bytes that will be written (the coding cookie, if any, is honoured).
-            compile(data, path, "exec", dont_inherit=True)
+            compile(entry["data"], entry["path"], "exec", dont_inherit=True)
         except SyntaxError as exc:
-            module.fail_json(msg="refusing to write %s: the patched source does not compile (%s); the file is "
-                                 "unchanged" % (label, to_text(exc)), **result)
-        if not module.check_mode:
-            if params["previous_file"]:
+            module.fail_json(msg="refusing to write %s (%s): the patched source does not compile (%s); no file was "
+                                 "changed" % (entry["path"], release, to_text(exc)), **result)
+    if params["previous_file"] and len(changing) > 1:
+        module.fail_json(msg="%d files of %s define %s() and would change (%s): one previous_file cannot keep them "
+                             "all; use previous_dir. No file was changed."
+                             % (len(changing), release, FUNCTION_NAME, ", ".join(e["path"] for e in changing)),
+                         **result)
+
+    if changing and not module.check_mode:
+        written = []
+        for entry in changing:
+            path = entry["path"]
+            keep = params["previous_file"] or (
+                os.path.join(params["previous_dir"], previous_name(found.get("package_dir"), path))
+                if params["previous_dir"] else None)
+            if keep:
                 try:
-                    result["previous"] = keep_previous(path, raw, params["previous_file"])
+                    kept = keep_previous(path, entry["raw"], keep)
                 except (IOError, OSError) as exc:
-                    module.fail_json(msg="cannot keep the current bytes of %s in %s for a rollback: %s. The file is "
-                                         "unchanged; make that directory writable for the user the patch runs as "
-                                         "(sglang_nccl_patch_become)." % (label, params["previous_file"], exc),
-                                     **result)
+                    _undo(module, written)
+                    result["files"] = [file_result(e, e in written, False) for e in planned]
+                    module.fail_json(msg="cannot keep the current bytes of %s (%s) in %s for a rollback: %s. No file "
+                                         "is changed; make that directory writable for the user the patch runs as "
+                                         "(sglang_nccl_patch_become)." % (path, release, keep, exc), **result)
+                entry["previous_file"], entry["previous_sha256"] = keep, kept["sha256"]
+                if params["previous_file"]:
+                    result["previous"] = kept
             if params["backup"]:
-                result["backup_file"] = module.backup_local(path)
+                entry["backup_file"] = module.backup_local(path)
             try:
-                write_atomic(module, path, data)
+                write_atomic(module, path, entry["data"])
             except (IOError, OSError) as exc:
-                module.fail_json(msg="cannot write %s: %s. The file is unchanged; if it belongs to another user "
-                                     "set become (sglang_nccl_patch_become: true)." % (label, exc), **result)
+                undone = _undo(module, written)
+                result["files"] = [file_result(e, e in written and e not in undone, False) for e in planned]
+                module.fail_json(msg="cannot write %s (%s): %s. %s; if it belongs to another user set become "
+                                     "(sglang_nccl_patch_become: true)."
+                                 % (path, release, exc, "No file is changed" if len(undone) == len(written) else
+                                    "The files written before it could not all be put back: %s"
+                                    % ", ".join(e["path"] for e in written if e not in undone)), **result)
+            written.append(entry)
             remove_stale_bytecode(path)
-    written = plan["changed"] and not module.check_mode
-    result["sha256"] = hashlib.sha256(data if written else raw).hexdigest()
+            try:
+                entry["mtime_after"] = os.stat(path).st_mtime
+            except OSError:
+                pass
+        result["files"] = [file_result(e, e in written, False) for e in planned]
+    result["sha256"] = result["files"][0]["sha256"]
+    result["backup_file"] = result["files"][0]["backup_file"]
     module.exit_json(**result)
+
+
+def _undo(module, written):
+    """Put back the original bytes of the files already written in this call (a later file failed); returns
+    the entries put back. Their previous copies stay (a rollback finds the file equal to them: nothing to do)."""
+    undone = []
+    for entry in reversed(written):
+        try:
+            write_atomic(module, entry["path"], entry["raw"])
+            remove_stale_bytecode(entry["path"])
+            undone.append(entry)
+        except (IOError, OSError):
+            pass
+    return undone
 
 
 def main():

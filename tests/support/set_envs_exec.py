@@ -237,14 +237,16 @@ def execute_set_envs_and_config(source_path, environ, server_args=None):
     return {"env": dict(environ), "start_method_calls": list(mp.start_method_calls), "stubbed": stubbed}
 
 
-def run_set_envs_and_config(source_path, environ, server_args=None):
+def run_set_envs_and_config(source_path, environ, server_args=None, start_method_calls=1):
     """Run ``_set_envs_and_config`` of ``source_path`` on a copy of ``environ``; return the env afterwards (dict).
 
-    Raises AssertionError if the function did not reach ``mp.set_start_method("spawn", force=True)`` -- the
-    point before which the TP workers' environment is final.
+    Raises AssertionError unless the function ran to its end through ``start_method_calls`` calls of
+    ``mp.set_start_method`` (1: the point before which the TP workers' environment is final; ``"spawn"`` up to
+    0.5.23, ``envs.SGLANG_MP_START_METHOD.get()`` -- a stub here -- after it; 0 for a function without one).
     """
     result = execute_set_envs_and_config(source_path, dict(environ), server_args)
-    assert result["start_method_calls"] == [("spawn", True)], result["start_method_calls"]
+    calls = result["start_method_calls"]
+    assert len(calls) == start_method_calls and all(force is True for _, force in calls), calls
     return result["env"]
 
 

@@ -11,6 +11,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang imp
     SGLangLocateError,
     find_anchor,
     find_set_envs_file,
+    find_set_envs_files,
     locate_argv,
     locate_sglang,
     package_dir_of_file,
@@ -35,6 +36,9 @@ FUNCTION = textwrap.dedent('''\
 SHIM = "from sglang.srt.entrypoints.engine import Engine, _set_envs_and_config\n"
 
 # Importing this package would fail loudly: locating it must not import it.
+UPSTREAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "upstream",
+                        "sglang-main")
+
 INIT_THAT_MUST_NOT_RUN = "raise SystemExit('sglang was imported')\n"
 
 
@@ -89,43 +93,134 @@ def test_old_layout_uses_server_py(tmp_path):
     assert find_set_envs_file(str(pkg)) == str(pkg / "srt" / "server.py")
 
 
-def test_missing_function_error_names_files_and_version(tmp_path):
+def test_missing_function_error_names_what_only_names_it_and_the_version(tmp_path):
     pkg = make_package(tmp_path, {"srt/server.py": SHIM})
     with pytest.raises(SGLangLocateError) as err:
         find_set_envs_file(str(pkg))
     msg = str(err.value)
-    assert "0.5.5" in msg and "_set_envs_and_config" in msg
-    assert str(pkg / "srt" / "server.py") in msg and "engine.py (missing)" in msg
+    assert "0.5.5" in msg and "_set_envs_and_config" in msg and "searched 3 .py files" in msg
+    assert "these only name it: %s" % (pkg / "srt" / "server.py") in msg
+
+
+def test_every_defining_file_of_the_package_is_found_engine_first(tmp_path):
+    # SGLang's development branch after 0.5.23: a copy in worker_launch.py (SGLANG_PRESPAWN_WORKERS=1); the search
+    # covers the whole package, not a list of names, and a file that only names the function is left out.
+    pkg = make_package(tmp_path, {"srt/entrypoints/engine.py": FUNCTION, "srt/entrypoints/worker_launch.py": FUNCTION,
+                                  "srt/server.py": SHIM, "srt/entrypoints/prespawn.py": "# calls _set_envs_and_config\n"})
+    (pkg / "srt" / "aaa").mkdir()
+    (pkg / "srt" / "aaa" / "copy.py").write_text(FUNCTION)
+    (pkg / "srt" / "__pycache__").mkdir()
+    (pkg / "srt" / "__pycache__" / "cached.py").write_text(FUNCTION)
+    stats = {}
+    assert find_set_envs_files(str(pkg), stats=stats) == [
+        str(pkg / "srt" / "entrypoints" / "engine.py"), str(pkg / "srt" / "aaa" / "copy.py"),
+        str(pkg / "srt" / "entrypoints" / "worker_launch.py")]
+    # Only the five files that mention the name are parsed; __pycache__ is not searched.
+    assert stats["files_scanned"] == 7 and stats["files_parsed"] == 5 and stats["scan_ms"] >= 0
+
+
+def test_a_file_naming_the_function_that_does_not_parse_is_refused(tmp_path):
+    # It may be the copy that defines it: patching only the others would leave its workers without the values.
+    pkg = make_package(tmp_path, {"srt/entrypoints/engine.py": FUNCTION,
+                                  "srt/entrypoints/worker_launch.py": "def _set_envs_and_config(:\n"})
+    with pytest.raises(SGLangLocateError, match=r"cannot parse .*worker_launch\.py"):
+        find_set_envs_files(str(pkg))
+
+
+def test_the_whole_file_is_read_beyond_one_read_call(tmp_path):
+    # The name may sit past the first MiB of a large file.
+    pkg = make_package(tmp_path, {"srt/big.py": "# " + "x" * (3 << 20) + "\n" + FUNCTION})
+    assert find_set_envs_files(str(pkg)) == [str(pkg / "srt" / "big.py")]
 
 
 def test_anchor_found_on_syntax_not_spelling():
     source = FUNCTION.replace('mp.set_start_method("spawn", force=True)', "mp.set_start_method('spawn', force = True)")
     found = find_anchor(source)
-    assert found == {"function_line": 5, "anchor_line": 9, "col_offset": 4}
+    assert found == {"function_line": 5, "anchor_line": 9, "statement_line": 9, "indent": "    ", "col_offset": 4,
+                     "placement": "start_method"}
+
+
+START = 'mp.set_start_method("spawn", force=True)'
+
+
+@pytest.mark.parametrize("call, line", [
+    # SGLang's development branch after 0.5.23 (../shared/upstream/sglang-main/engine.py)
+    ("mp.set_start_method(envs.SGLANG_MP_START_METHOD.get(), force=True)", 9),
+    # a later commit: a variable, possibly switched before the call
+    ("start_method = envs.SGLANG_MP_START_METHOD.get()\n    if server_args.enable_memory_saver:\n"
+     "        start_method = \"spawn\"\n    mp.set_start_method(start_method, force=True)", 12),
+    # line breaks, comments and trailing commas inside the call
+    ("mp.set_start_method(\n        # forkserver when start_early() prepared one\n        method,\n"
+     "        force=True,  # replace a context set by a plugin\n    )", 9),
+    ("mp.set_start_method(method)", 9),
+    ("multiprocessing.set_start_method('forkserver')", 9),
+    ("torch.multiprocessing.set_start_method(\"spawn\", force=True)", 9),
+    # a comment on the line before and a blank line between
+    ("# Set mp start method (forkserver when start_early() prepared one).\n\n    mp.set_start_method('spawn')", 11),
+], ids=["envs-get", "variable", "line-breaks", "no-force", "multiprocessing", "torch-mp", "comment-blank"])
+def test_block_goes_before_the_start_method_call_whatever_its_arguments(call, line):
+    found = find_anchor(FUNCTION.replace(START, call))
+    assert (found["placement"], found["anchor_line"], found["indent"]) == ("start_method", line, "    ")
+
+
+def test_a_function_without_the_call_gets_the_block_at_the_end_of_its_body():
+    source = FUNCTION.replace("    " + START, "    if x:\n        y = (1,\n             2)\n    # trailing comment") + \
+        "\n\ndef other():\n    pass\n"
+    found = find_anchor(source)
+    # After the last statement's last line (the tuple ends on line 11), before the comment.
+    assert (found["placement"], found["anchor_line"], found["statement_line"]) == ("end_of_body", 12, 9)
+
+
+def test_a_final_return_keeps_the_block_before_it():
+    found = find_anchor(FUNCTION.replace(START, "return None"))
+    assert (found["placement"], found["anchor_line"]) == ("final_return", 9)
+
+
+def test_a_call_inside_a_nested_function_does_not_count():
+    source = FUNCTION.replace("    " + START, "    def later():\n        mp.set_start_method('fork')\n    later_ok = 1")
+    found = find_anchor(source)
+    assert found["placement"] == "end_of_body"
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("import os\n", "def _set_envs_and_config() not found"),
-    (FUNCTION.replace('mp.set_start_method("spawn", force=True)', 'mp.set_start_method("fork", force=True)'),
-     "statement %s not found" % ANCHOR_TEXT),
-    (FUNCTION.replace('mp.set_start_method("spawn", force=True)',
-                      'mp.set_start_method("spawn", force=True)\n    mp.set_start_method("spawn", force=True)'),
-     "appears 2 times"),
-    (FUNCTION.replace('    mp.set_start_method("spawn", force=True)',
-                      '    if True: mp.set_start_method("spawn", force=True)'),
-     "does not start its own line"),
+    ("import os\n", r"def _set_envs_and_config\(\) not found"),
+    (FUNCTION.replace(START, START + "\n    " + START), r"calls mp.set_start_method\(...\) 2 times \(lines 9, 10\)"),
+    (FUNCTION.replace("    " + START, "    if True: " + START), "is not a statement of its own .* the if statement on line 9"),
+    (FUNCTION.replace("    " + START, "    if fast:\n        " + START), "line 10 is not a statement of its own .* if"),
+    (FUNCTION.replace("    " + START, "    try:\n        %s\n    except RuntimeError:\n        pass" % START), "try statement"),
+    (FUNCTION.replace("    " + START, "    ctx = " + START), "assign statement on line 9"),
+    (FUNCTION.replace("    " + START, "    x = 1; " + START), "does not start its own line"),
+    (FUNCTION.replace("    " + START, "    if early:\n        return\n    " + START), "return on line 10 before line 11"),
+    (FUNCTION.replace("    " + START, "    for i in y:\n        return i\n    z = 1"), "return on line 10 before line 12"),
+    (FUNCTION.replace("\n    " + START + "\n", "\n    z = 1"), "ends the file on line 9 without a line break"),
+    ("def _set_envs_and_config(a): x = 1\n", "does not start its own line"),
     (FUNCTION + "\n\n" + FUNCTION.split("\n\n\n")[1], "appears 2 times"),
-], ids=["no-function", "no-anchor", "anchor-twice", "anchor-not-own-line", "function-twice"])
-def test_anchor_problems_are_reported(source, expected):
-    with pytest.raises(SGLangLocateError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+], ids=["no-function", "call-twice", "call-in-if-same-line", "call-in-branch", "call-in-try", "call-in-assignment",
+        "call-after-semicolon", "early-return", "return-in-loop", "no-final-newline", "one-line-def", "function-twice"])
+def test_ambiguous_shapes_are_refused_naming_the_line(source, expected):
+    with pytest.raises(SGLangLocateError, match=expected):
         find_anchor(source)
 
 
-def test_anchor_outside_the_function_does_not_count():
+def test_a_call_outside_the_function_does_not_count():
     source = FUNCTION.replace('    mp.set_start_method("spawn", force=True)', "    pass") + \
         '\nmp.set_start_method("spawn", force=True)\n'
-    with pytest.raises(SGLangLocateError, match="not found inside"):
-        find_anchor(source)
+    found = find_anchor(source)
+    assert (found["placement"], found["anchor_line"]) == ("end_of_body", 10)
+
+
+@pytest.mark.parametrize("name", ["engine.py", "worker_launch.py"])
+def test_upstream_development_files_anchor_before_their_start_method_call(name):
+    # Unmodified files of SGLang's development branch after 0.5.23 (../shared/upstream/sglang-main/SOURCE.md).
+    path = os.path.join(UPSTREAM, name)
+    if not os.path.exists(path):
+        pytest.skip("../shared/upstream/sglang-main is not beside this checkout")
+    with open(path) as handle:
+        source = handle.read()
+    found = find_anchor(source, filename=path)
+    line = split_lines(source)[found["anchor_line"] - 1]
+    assert found["placement"] == "start_method"
+    assert line.strip() == "mp.set_start_method(envs.SGLANG_MP_START_METHOD.get(), force=True)"
 
 
 def test_locate_finds_package_through_interpreter_without_importing_it(tmp_path, monkeypatch):

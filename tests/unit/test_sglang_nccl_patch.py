@@ -171,7 +171,7 @@ def test_other_env_replaces_block_instead_of_adding_one():
 def test_empty_env_removes_block():
     first = patch_module.plan_patch(SOURCE, [("A", "1")], "present")["after"]
     plan = patch_module.plan_patch(first, [], "present")
-    assert plan == {"after": SOURCE, "changed": True, "line": None}
+    assert plan == {"after": SOURCE, "changed": True, "line": None, "placement": None}
 
 
 @pytest.mark.parametrize("mangle", [
@@ -330,7 +330,7 @@ def test_previous_file_that_cannot_be_written_fails_before_the_file_is_touched(t
     blocker.write_text("")
     result = run_main(capsys, {"path": str(path), "env": ENV, "previous_file": str(blocker / "engine.py.prev")})
     assert result["_rc"] == 1 and result["failed"]
-    assert "cannot keep the current bytes" in result["msg"] and "The file is unchanged" in result["msg"]
+    assert "cannot keep the current bytes" in result["msg"] and "No file is changed" in result["msg"]
     assert result["previous"] is None
     assert path.read_bytes() == before
 
@@ -381,15 +381,32 @@ def test_source_that_would_not_compile_is_never_written(tmp_path, capsys, monkey
 
 @pytest.mark.parametrize("source, looked_for", [
     (SOURCE.replace("def _set_envs_and_config", "def _renamed"), "def _set_envs_and_config() not found"),
-    (SOURCE.replace(ANCHOR, "    pass\n"), 'statement mp.set_start_method("spawn", force=True) not found'),
-], ids=["no-function", "no-anchor"])
-def test_missing_function_or_anchor_fails_naming_file_version_and_target(tmp_path, capsys, source, looked_for):
+    (SOURCE.replace(ANCHOR, ANCHOR + ANCHOR), "calls mp.set_start_method(...) 2 times (lines 13, 14)"),
+    (SOURCE.replace(ANCHOR, "    if fast:\n    " + ANCHOR), "line 14 is not a statement of its own"),
+], ids=["no-function", "call-twice", "call-in-branch"])
+def test_missing_function_or_ambiguous_shape_fails_naming_file_version_and_line(tmp_path, capsys, source, looked_for):
     path = make_tree(tmp_path, source=source)
     before = path.read_bytes()
     result = run_main(capsys, {"path": str(path), "env": ENV})
     assert result["failed"]
     assert str(path) in result["msg"] and "sglang %s" % VERSION in result["msg"] and looked_for in result["msg"]
+    assert "No file was changed" in result["msg"]
     assert path.read_bytes() == before
+
+
+def test_a_function_without_the_start_method_call_gets_the_block_at_its_end(tmp_path, capsys):
+    path = make_tree(tmp_path, source=SOURCE.replace(ANCHOR, ""))
+    before = path.read_bytes()
+    result = run_main(capsys, {"path": str(path), "env": ENV})
+    assert result["changed"] and result["files"][0]["placement"] == "end_of_body"
+    lines = path.read_text().splitlines()
+    # After the function's last statement (the if block), at the body's indentation, before `def other`.
+    assert lines[result["line"] - 2].strip() == "set_prometheus_multiproc_dir()"
+    assert lines[result["line"] - 1] == "    # BEGIN gpufleet managed block: sglang_nccl_patch" + patch_module.BEGIN_HINT
+    env = run_set_envs_and_config(str(path), {}, start_method_calls=0)
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1" and env["NCCL_CUMEM_ENABLE"] == "0"
+    assert not run_main(capsys, {"path": str(path), "env": ENV})["changed"]
+    assert run_main(capsys, {"path": str(path), "state": "absent"})["changed"] and path.read_bytes() == before
 
 
 def test_malformed_block_fails_and_leaves_file(tmp_path, capsys):
@@ -465,3 +482,103 @@ def test_bad_nccl_value_fails_before_the_file_is_touched_and_unchecked_lets_it_t
     result = run_main(capsys, {"path": str(path), "env": {"NCCL_BUFFSIZE": "4194304"}, "unchecked": ["NCCL_BUFFSIZE"]})
     # (the module's warnings are process-global: the one above may still be listed)
     assert result["changed"] and not any("4194304" in str(w) for w in result.get("warnings") or [])
+
+
+# --- several files define the function (SGLang's development branch after 0.5.23) --------------------------------
+
+# The copy in srt/entrypoints/worker_launch.py runs instead of engine.py's when SGLANG_PRESPAWN_WORKERS=1; its
+# start-method call takes a variable (../shared/upstream/sglang-main/).
+WORKER_SOURCE = SOURCE.replace(ANCHOR, "    mp.set_start_method(\n        envs.SGLANG_MP_START_METHOD.get(),\n"
+                                       "        force=True,\n    )\n")
+
+
+def make_two_file_tree(tmp_path, worker_source=WORKER_SOURCE):
+    engine = make_tree(tmp_path)
+    worker = engine.parent / "worker_launch.py"
+    worker.write_text(worker_source)
+    return engine, worker
+
+
+def test_python_option_patches_every_file_that_defines_the_function(tmp_path, capsys, monkeypatch):
+    engine, worker = make_two_file_tree(tmp_path)
+    originals = engine.read_bytes(), worker.read_bytes()
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    result = run_main(capsys, {"python": sys.executable, "env": ENV})
+    assert result["_rc"] == 0 and result["changed"]
+    assert result["path"] == str(engine) and result["paths"] == [str(engine), str(worker)]
+    assert [f["relative"] for f in result["files"]] == ["srt/entrypoints/engine.py", "srt/entrypoints/worker_launch.py"]
+    assert [(f["changed"], f["block"], f["placement"]) for f in result["files"]] == [
+        (True, "none", "start_method"), (True, "none", "start_method")]
+    assert result["scan"]["files_scanned"] == 4 and result["scan"]["files_parsed"] == 2
+    for path, entry in zip((engine, worker), result["files"]):
+        assert entry["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        env = run_set_envs_and_config(str(path), {})
+        assert {k: env[k] for k in ENV} == {k: str(v) for k, v in ENV.items()}
+    again = run_main(capsys, {"python": sys.executable, "env": ENV})
+    assert not again["changed"] and [f["block"] for f in again["files"]] == ["same", "same"]
+    assert again["files"][1]["block_env"] == {k: str(v) for k, v in ENV.items()}
+    other = run_main(capsys, {"python": sys.executable, "env": {"NCCL_ALGO": "Ring"}}, check_mode=True)
+    assert other["changed"] and [f["block"] for f in other["files"]] == ["other", "other"]
+    removed = run_main(capsys, {"python": sys.executable, "state": "absent"})
+    assert removed["changed"] and (engine.read_bytes(), worker.read_bytes()) == originals
+
+
+def test_check_mode_diff_lists_every_file(tmp_path, capsys, monkeypatch):
+    engine, worker = make_two_file_tree(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    result = run_main(capsys, {"python": sys.executable, "env": ENV}, check_mode=True, diff=True)
+    assert [d["before_header"] for d in result["diff"]] == [str(engine), str(worker)]
+    assert all("os.environ['NCCL_IB_HCA'] = 'mlx5'" in d["after"] for d in result["diff"])
+    assert engine.read_text() == SOURCE and worker.read_text() == WORKER_SOURCE
+
+
+def test_previous_dir_keeps_each_file_under_its_package_path(tmp_path, capsys, monkeypatch):
+    engine, worker = make_two_file_tree(tmp_path)
+    originals = engine.read_bytes(), worker.read_bytes()
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    prev = tmp_path / "state" / "nccl-patch-prev"
+    result = run_main(capsys, {"python": sys.executable, "env": ENV, "previous_dir": str(prev)})
+    assert result["_rc"] == 0 and result["previous"] is None
+    assert sorted(os.listdir(prev)) == ["srt.entrypoints.engine.py.prev", "srt.entrypoints.worker_launch.py.prev"]
+    for original, entry in zip(originals, result["files"]):
+        with open(entry["previous_file"], "rb") as handle:
+            assert handle.read() == original
+        assert entry["previous_sha256"] == hashlib.sha256(original).hexdigest()
+
+
+def test_one_previous_file_for_two_changing_files_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    engine, worker = make_two_file_tree(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    prev = tmp_path / "engine.py.prev"
+    result = run_main(capsys, {"python": sys.executable, "env": ENV, "previous_file": str(prev)})
+    assert result["failed"] and "use previous_dir" in result["msg"] and "No file was changed" in result["msg"]
+    assert engine.read_text() == SOURCE and worker.read_text() == WORKER_SOURCE and not prev.exists()
+
+
+def test_an_ambiguous_second_file_leaves_the_first_untouched(tmp_path, capsys, monkeypatch):
+    engine, worker = make_two_file_tree(tmp_path, worker_source=SOURCE.replace(ANCHOR, ANCHOR + ANCHOR))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    result = run_main(capsys, {"python": sys.executable, "env": ENV})
+    assert result["failed"] and str(worker) in result["msg"] and "2 times" in result["msg"]
+    assert engine.read_text() == SOURCE
+
+
+def test_a_failed_write_of_the_second_file_puts_the_first_back(tmp_path, capsys, monkeypatch):
+    engine, worker = make_two_file_tree(tmp_path)
+    originals = engine.read_bytes(), worker.read_bytes()
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    real_write = patch_module.write_atomic
+
+    def failing_write(module, path, data):
+        if path == str(worker):
+            raise OSError(28, "No space left on device")
+        return real_write(module, path, data)
+
+    monkeypatch.setattr(patch_module, "write_atomic", failing_write)
+    prev = tmp_path / "prev"
+    result = run_main(capsys, {"python": sys.executable, "env": ENV, "previous_dir": str(prev)})
+    assert result["failed"] and "cannot write %s" % worker in result["msg"] and "No file is changed" in result["msg"]
+    assert (engine.read_bytes(), worker.read_bytes()) == originals
+    # The failure result says what the files hold now and where the copies are (a rollback finds nothing to do).
+    assert [f["sha256"] for f in result["files"]] == [hashlib.sha256(o).hexdigest() for o in originals]
+    assert result["files"][0]["previous_file"] == str(prev / "srt.entrypoints.engine.py.prev")

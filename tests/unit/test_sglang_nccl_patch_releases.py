@@ -12,11 +12,12 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 
 import pytest
 
 from ansible.module_utils import basic
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import find_set_envs_file
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import find_set_envs_files
 from support.set_envs_exec import execute_set_envs_and_config, run_set_envs_and_config
 from support.sglang_wheels import sglang_package_dir
 
@@ -93,8 +94,9 @@ def test_patched_release_delivers_every_value_and_unpatches_byte_exact(tmp_path,
     src, path = _copy_release(version, rel, tmp_path)
     original = path.read_bytes()
 
-    # The module picks the defining file, not the shim (0.4.1.post7-0.4.5 ship both).
-    assert find_set_envs_file(str(src)) == str(src / rel)
+    # The whole package defines the function once, in that file: the search skips the shim (0.4.1.post7-0.4.5
+    # ship both) and finds nothing else.
+    assert find_set_envs_files(str(src)) == [str(src / rel)]
 
     first = _main(capsys, {"path": str(path), "env": ENV})
     assert not first.get("failed"), first.get("msg")
@@ -138,3 +140,45 @@ def test_patched_value_wins_over_sglang_even_with_empty_starting_environment(tmp
     result = execute_set_envs_and_config(str(path), {})
     assert result["env"]["NCCL_CUMEM_ENABLE"] == "1"
     assert result["start_method_calls"] == [("spawn", True)]
+
+
+# SGLang's development branch after 0.5.23: two unmodified files of one commit (../shared/upstream/sglang-main/,
+# SOURCE.md). engine.py's start-method call takes envs.SGLANG_MP_START_METHOD.get(); worker_launch.py holds a copy
+# of the function, run instead of engine.py's when SGLANG_PRESPAWN_WORKERS=1. Both must carry the block.
+UPSTREAM_MAIN = os.path.join(ROOT, "..", "shared", "upstream", "sglang-main")
+
+
+@pytest.mark.skipif(not os.path.isdir(UPSTREAM_MAIN), reason="../shared/upstream/sglang-main is not beside this checkout")
+def test_upstream_main_files_are_both_patched_hold_every_value_and_unpatch_byte_exact(tmp_path, capsys, monkeypatch):
+    pkg = tmp_path / "site" / "sglang"
+    (pkg / "srt" / "entrypoints").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_version.py").write_text("__version__ = version = '0.5.24.dev0'\n")
+    originals = {}
+    for name in ("engine.py", "worker_launch.py"):
+        shutil.copyfile(os.path.join(UPSTREAM_MAIN, name), str(pkg / "srt" / "entrypoints" / name))
+        originals[name] = (pkg / "srt" / "entrypoints" / name).read_bytes()
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    first = _main(capsys, {"python": sys.executable, "env": ENV})
+    assert not first.get("failed"), first.get("msg")
+    assert first["changed"] and first["sglang_version"] == "0.5.24.dev0"
+    assert [f["relative"] for f in first["files"]] == ["srt/entrypoints/engine.py", "srt/entrypoints/worker_launch.py"]
+    for entry in first["files"]:
+        lines = open(entry["path"]).read().splitlines()
+        assert "# BEGIN gpufleet managed block" in lines[entry["line"] - 1]
+        assert lines[entry["line"] + len(ENV) + 1].strip() == \
+            "mp.set_start_method(envs.SGLANG_MP_START_METHOD.get(), force=True)"
+        compile(open(entry["path"], "rb").read(), entry["path"], "exec")
+        # Executed: every value holds, also those the function sets itself (CUDA_DEVICE_MAX_CONNECTIONS=8).
+        env = run_set_envs_and_config(entry["path"], dict(os.environ))
+        assert {k: env.get(k) for k in EXPECTED} == EXPECTED
+        # Unpatched, SGLang's own write wins over an exported value (so the check above can fail).
+        unpatched = tmp_path / ("unpatched-" + os.path.basename(entry["path"]))
+        unpatched.write_bytes(originals[os.path.basename(entry["path"])])
+        assert run_set_envs_and_config(str(unpatched), dict(os.environ, **EXPECTED))["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+    second = _main(capsys, {"python": sys.executable, "env": ENV})
+    assert not second["changed"]
+    removed = _main(capsys, {"python": sys.executable, "state": "absent"})
+    assert removed["changed"]
+    for name, data in originals.items():
+        assert (pkg / "srt" / "entrypoints" / name).read_bytes() == data
