@@ -5,6 +5,9 @@ VENV ?= .venv
 # Second controller environment: the newest ansible-core, which needs Python >= 3.12.
 PY_NEW ?= $(shell p=$$(pyenv root 2>/dev/null || echo /root/.pyenv); ls -d $$p/versions/3.13*/bin/python3 $$p/versions/3.12*/bin/python3 2>/dev/null | head -n1)
 VENV_NEW ?= .venv-ansible-2.21
+# Third: ansible-core 2.20 (Python >= 3.12; a 3.12 first), for the unit tests only (`make test`).
+PY_220 ?= $(shell p=$$(pyenv root 2>/dev/null || echo /root/.pyenv); ls -d $$p/versions/3.12*/bin/python3 $$p/versions/3.13*/bin/python3 2>/dev/null | head -n1)
+VENV_220 ?= .venv-ansible-2.20
 LAB_HOSTS ?= 8
 LAB_SGLANG_VERSION ?= 0.5.23
 LAB_DIR ?= .lab
@@ -14,7 +17,7 @@ LAB_INIT ?= process
 PYTEST_ARGS ?=
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
-.PHONY: setup system-packages venv venv-new lab-up lab-down demo roll-under-load test test-unit test-lab test-new lint docs \
+.PHONY: setup system-packages venv venv-new venv-2.20 lab-up lab-down demo roll-under-load test test-unit test-lab test-new lint docs \
 	clean collection ee-context awx-lint bench bench-site
 
 setup: system-packages venv
@@ -57,6 +60,15 @@ $(VENV_NEW)/.installed: requirements/controller-ansible-2.21.txt pyproject.toml
 	$(VENV_NEW)/bin/python -m pip install -q -e .
 	touch $@
 
+venv-2.20: $(VENV_220)/.installed
+$(VENV_220)/.installed: requirements/controller-ansible-2.20.txt pyproject.toml
+	@test -n "$(PY_220)" || { echo "no Python >= 3.12 found (set PY_220=/path/to/python3.12)"; exit 1; }
+	$(PY_220) -m venv $(VENV_220)
+	$(VENV_220)/bin/python -m pip install -q --upgrade pip
+	$(VENV_220)/bin/python -m pip install -q -r requirements/controller-ansible-2.20.txt
+	$(VENV_220)/bin/python -m pip install -q -e .
+	touch $@
+
 lab-up: setup
 	$(VENV)/bin/python tests/lab/lab.py up --hosts $(LAB_HOSTS) --sglang-version $(LAB_SGLANG_VERSION) --lab-dir $(LAB_DIR) --init $(LAB_INIT)
 
@@ -84,11 +96,13 @@ roll-under-load: setup
 # 2 cores busy (first pass 70 -> 49 min measured on a 2-core machine). PYTEST_WORKERS=0 runs in one process.
 PYTEST_WORKERS ?= 2
 PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+# Every test under ansible-core 2.19 (.venv), all but the lab_only_once ones under 2.21, the unit tests under 2.20.
 test: SYSTEMD_LAB = 1
 test: REPORT_BROWSER = 1
-test: setup venv-new
+test: setup venv-new venv-2.20
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 	PATH=$(CURDIR)/$(VENV_NEW)/bin:$$PATH $(VENV_NEW)/bin/python -m pytest -m "not lab_only_once" $(PYTEST_XDIST) $(PYTEST_ARGS)
+	PATH=$(CURDIR)/$(VENV_220)/bin:$$PATH $(VENV_220)/bin/python -m pytest tests/unit -m "not lab and not lab_only_once" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 lint: venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-config validate -t all
@@ -125,4 +139,4 @@ $(BENCH_SITE)/.installed: requirements/bench.txt
 	touch $@
 
 clean: lab-down
-	rm -rf $(VENV) $(VENV_NEW) .cache dist context artifacts
+	rm -rf $(VENV) $(VENV_NEW) $(VENV_220) .cache dist context artifacts

@@ -71,8 +71,8 @@ class CallbackModule(DefaultCallbackModule):
         super().set_options(*args, **kwargs)
         if self._quiet():
             # lazy task banners (default prints one only before a shown result) and no ok/skipped lines
-            self._plugin_options["display_ok_hosts"] = False
-            self._plugin_options["display_skipped_hosts"] = False
+            self.set_option("display_ok_hosts", False)
+            self.set_option("display_skipped_hosts", False)
 
     def v2_playbook_on_play_start(self, play):
         if not self._quiet():

@@ -62,7 +62,7 @@ UNREACHABLE_ADVICE = {
     "preflight": "nothing was changed on this host: check ssh, then rerun",
     "lock": "nothing was stopped; a lock taken frees itself when its lease ends: check ssh, then rerun",
     "patch": "the old server still serves; engine.py may be patched (its previous bytes are in "
-             "<sglang_state_dir>/engine.py.prev): rerun restart.yml for this host once the lock's lease ended",
+             "<sglang_state_dir>/nccl-patch-prev): rerun restart.yml for this host once the lock's lease ended",
     "stop": "the old server may be stopped or still draining, engine.py patched, the new one may have been started by "
             "the stop (process method): run playbooks/check.yml for this host, then rerun restart.yml once the "
             "lock's lease ended",
@@ -104,15 +104,29 @@ def _first_copy(callback, kind, event):
     """False when another loaded copy of this callback already handled ``event`` (the same object reaches every
     callback). Ansible loads this file twice when it is both adjacent to the playbook (playbooks/callback_plugins,
     also inside the installed collection) and enabled by FQCN (callbacks_enabled = gpufleet.fleet.gpufleet_summary):
-    two summaries would print. The marker lives on a module both copies share."""
+    two summaries would print. The marker lives on a module both copies share. A task result reaches each callback
+    as its own copy (ansible-core 2.19+): pass ``_result_event(result)``, which names the result by the Task
+    object all copies share."""
     if event is None:
         return True
     import ansible.plugins.callback as shared
     marks = shared.__dict__.setdefault("_gpufleet_summary_handled", {})
-    if marks.get(kind) is event and marks.get(kind + "_by") is not callback:
+    if _same_event(marks.get(kind), event) and marks.get(kind + "_by") is not callback:
         return False
     marks[kind], marks[kind + "_by"] = event, callback
     return True
+
+
+def _result_event(result):
+    """One task result as every callback copy of it reads: its Task object (shared), host name and attempt."""
+    return ("result", result.task, result.host.get_name(), result.result.get("attempts"))
+
+
+def _same_event(seen, event):
+    if seen is event:
+        return True
+    return (isinstance(seen, tuple) and isinstance(event, tuple) and len(seen) == len(event) == 4
+            and seen[0] == event[0] == "result" and seen[1] is event[1] and seen[2:] == event[2:])
 
 
 def _plain(value):
@@ -343,22 +357,22 @@ class CallbackModule(CallbackBase):
 
     def _note_server(self, result):
         # Every result of the run passes here: only the stop's and the launch's, and only the keys read, are copied.
-        res = result._result
+        res = result.result
         if self._is_restart() and ("signalled" in res or "ready" in res):
-            seen = self._seen.setdefault(result._host.get_name(), {})
+            seen = self._seen.setdefault(result.host.get_name(), {})
             keys = ("signalled", "main_pid", "stop_ms", "start", "ready", "pid")
             _load_filter("gpufleet_run", "gpufleet_server_seen")(
                 seen, _plain({k: res[k] for k in keys if k in res}), time.time())
 
     def v2_runner_on_ok(self, result):
         self._note_server(result)
-        res = result._result
+        res = result.result
         facts = res.get("ansible_facts") or {}
         if "gpufleet_restart_targets" in facts:
             self._targets = [str(h) for h in (facts["gpufleet_restart_targets"] or [])]
         row = facts.get("gpufleet_summary_row")
         if row:
-            self._fact_rows[result._host.get_name()] = _plain(dict(row))
+            self._fact_rows[result.host.get_name()] = _plain(dict(row))
         stats = res.get("ansible_stats") or {}
         check = (stats.get("data") or {}).get("gpufleet_check")
         if isinstance(check, dict):
@@ -372,22 +386,22 @@ class CallbackModule(CallbackBase):
         self._note_server(result)
         if ignore_errors:
             return
-        host = result._host.get_name()
-        msg = result._result.get("msg") or ""
+        host = result.host.get_name()
+        msg = result.result.get("msg") or ""
         if self._play_name.startswith(GUARD_PLAY_PREFIX):
             self._guard_failures.append(str(msg))
             return
-        self._failed[host] = (_phase_of(result._task, self._play_name), result._task.get_name(), str(msg))
+        self._failed[host] = (_phase_of(result.task, self._play_name), result.task.get_name(), str(msg))
 
     def v2_runner_on_unreachable(self, result):
-        host = result._host.get_name()
-        phase = _phase_of(result._task, self._play_name)
-        self._unreachable[host] = (phase, str(result._result.get("msg") or "unreachable"))
+        host = result.host.get_name()
+        phase = _phase_of(result.task, self._play_name)
+        self._unreachable[host] = (phase, str(result.result.get("msg") or "unreachable"))
 
     def v2_runner_retry(self, result):
-        progress = result._result.get("progress")
-        if progress and self._prints() and _first_copy(self, "retry", result):
-            self._display.display("  %s: %s" % (result._host.get_name(), _first_line(progress, 400)))
+        progress = result.result.get("progress")
+        if progress and self._prints() and _first_copy(self, "retry", _result_event(result)):
+            self._display.display("  %s: %s" % (result.host.get_name(), _first_line(progress, 400)))
 
     def interrupted_rows(self, now=None):
         """Rows for the hosts a run interrupted before their own row (Ctrl-C): host → row with result

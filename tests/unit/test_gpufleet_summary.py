@@ -174,10 +174,12 @@ class FakeTask(Named):
 
 
 class FakeResult:
+    """The public attributes of ansible-core's CallbackTaskResult (2.19+) only: the private ``_host``, ``_result``
+    and ``_task`` are on their way out (tests/unit/test_callback_public_api.py)."""
     def __init__(self, host, result, task=None):
-        self._host = Named(host)
-        self._result = result
-        self._task = task or FakeTask("t")
+        self.host = Named(host)
+        self.result = result
+        self.task = task or FakeTask("t")
 
 
 def make(monkeypatch, stdout="default"):
@@ -202,6 +204,18 @@ def test_callback_prints_every_target_and_progress_under_default(monkeypatch):
     assert "BANNER GPUFLEET SUMMARY" in plugin._display.lines
     assert "h1: failed in launch: exit code 1" in text
     assert "h2: not_started" in text
+
+
+def test_a_progress_line_prints_once_when_the_callback_is_loaded_twice(monkeypatch):
+    # Adjacent to the playbook and enabled by FQCN: two copies, and ansible-core 2.19+ hands each its own copy of
+    # the result (same Task object, same host, same attempt).
+    first, second = make(monkeypatch), make(monkeypatch)
+    second._display = first._display
+    task = FakeTask("Wait for the server")
+    for attempt in (1, 2):
+        for plugin in (first, second):
+            plugin.v2_runner_retry(FakeResult("h1", {"progress": "%d s of 900 s" % attempt, "attempts": attempt}, task))
+    assert first._display.lines == ["  h1: 1 s of 900 s", "  h1: 2 s of 900 s"]
 
 
 def test_callback_is_silent_under_a_json_stdout_callback(monkeypatch):

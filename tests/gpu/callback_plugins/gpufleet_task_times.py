@@ -50,13 +50,14 @@ class CallbackModule(CallbackBase):
     def _write(self, result, status):
         if not self._path:
             return
-        task = result._task
+        task = result.task
+        # Task has no public role or uuid attribute (ansible-core's own callbacks read _role and _uuid too).
         role = task._role.get_name() if task._role else None
         row = {"run": self._run, "play": self._play, "task": str(task.get_name()), "role": role,
-               "action": str(task.action), "host": str(result._host.get_name()), "status": status,
+               "action": str(task.action), "host": str(result.host.get_name()), "status": status,
                "start": self._task_start.get(task._uuid),
-               "runner_start": self._runner_start.get((task._uuid, str(result._host.get_name()))), "end": time.time()}
-        res = result._result
+               "runner_start": self._runner_start.get((task._uuid, str(result.host.get_name()))), "end": time.time()}
+        res = result.result
         if str(task.action).endswith("nvidia_gpu_wait"):
             row["elapsed_ms"] = res.get("elapsed_ms")
             row["polls"] = res.get("polls")
@@ -65,7 +66,7 @@ class CallbackModule(CallbackBase):
             fh.write(json.dumps(row, default=str) + "\n")
 
     def v2_runner_on_ok(self, result):
-        self._write(result, "changed" if result._result.get("changed") else "ok")
+        self._write(result, "changed" if result.result.get("changed") else "ok")
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         self._write(result, "failed")

@@ -28,8 +28,8 @@ class CallbackModule(CallbackBase):
         self._results = []
 
     def _record(self, status, result):
-        self._results.append({"host": result._host.get_name(), "task": result._task.get_name(),
-                              "status": status, "msg": result._result.get("msg")})
+        self._results.append({"host": result.host.get_name(), "task": result.task.get_name(),
+                              "status": status, "msg": result.result.get("msg")})
 
     def v2_runner_on_ok(self, result):
         self._record("ok", result)
