@@ -226,13 +226,37 @@ def _started_epoch(s):
     return (_num(words[0]) if words else None), (_num(words[1]) if len(words) > 1 else None)
 
 
+def _file_label(entry):
+    """A patched file as the reasons name it: its path inside the sglang package, else its path."""
+    return entry.get("relative") or entry.get("path") or "?"
+
+
+def _block_state(entry):
+    """``present`` (the patch would not change the file), ``missing`` (no block) or ``differs`` (other values,
+    or the block sits elsewhere than the patch puts it)."""
+    if not entry.get("changed"):
+        return "present"
+    return "missing" if entry.get("block") == "none" else "differs"
+
+
+def _block_difference(entry, wanted):
+    """Which variables the file's block holds otherwise than ``wanted`` (str, short)."""
+    have = entry.get("block_env") or {}
+    wanted = wanted or {}
+    diffs = ["%s is %s, wanted %s" % (name, repr(have[name]) if name in have else "unset",
+                                        repr(wanted[name]) if name in wanted else "unset")
+             for name in sorted(set(have) | set(wanted)) if have.get(name) != wanted.get(name)]
+    return "; ".join(diffs)[:200] or "same values, in another place of the function"
+
+
 def sglang_reasons(s, config=None):
     """Reasons and the ``sglang`` summary from the sglang/nccl gatherings.
 
     ``s``: dict with registered results ``health`` (uri /health_generate), ``server_info`` (uri
     /get_server_info, json), ``host`` (sglang_host_info: managed_pid, managed_running), ``args``
-    (sglang_server_args_info), ``patch_present`` / ``patch_absent`` (sglang_nccl_patch in check mode with
-    state present / absent), ``workers`` (sglang_worker_env_info), ``engine_stat`` (stat of engine.py),
+    (sglang_server_args_info), ``patch_present`` (sglang_nccl_patch in check mode with state present: its RV
+    ``files`` says per patched file whether it would change, its block and mtime), ``workers``
+    (sglang_worker_env_info),
     ``started`` (command printing the server's start as Unix time, host clock). Missing or skipped keys are not judged.
     """
     cfg = _config(config)
@@ -294,24 +318,31 @@ def sglang_reasons(s, config=None):
     if want_version and installed and str(installed) != want_version:
         reasons.append(_reason("WARN", "sglang_release", "sglang %s installed, %s expected "
                                "(fleet_check_sglang_version)" % (installed, want_version)))
-    # NCCL block in the installed engine.py.
-    present, absent = s.get("patch_present"), s.get("patch_absent")
+    # NCCL block in every file of the installed sglang that defines _set_envs_and_config (engine.py; on SGLang
+    # after 0.5.23 also worker_launch.py, run instead when SGLANG_PRESPAWN_WORKERS=1): the patch module's check
+    # mode says per file whether it would change it and what block the file holds now.
+    present = s.get("patch_present")
+    files = []
     if _ran(present):
-        if present.get("failed") or "changed" not in present or present.get("msg"):
+        files = [f for f in (present.get("files") or []) if isinstance(f, dict)]
+        if present.get("failed") or "changed" not in present or present.get("msg") or not files:
             summary["nccl_block"] = "unknown"
             reasons.append(_reason("WARN", "nccl_check_failed", "NCCL block not checkable: %s"
                                    % str(present.get("msg") or "?").splitlines()[0][:300]))
-        elif not present.get("changed"):
-            summary["nccl_block"] = "present"
-        elif _ran(absent) and not absent.get("failed") and not absent.get("changed"):
-            summary["nccl_block"] = "missing"
-            reasons.append(_reason("CRIT", "nccl_block_missing", "the NCCL block is missing from %s (a reinstall "
-                                   "of sglang removes it): run playbooks/patch.yml, then playbooks/restart.yml"
-                                   % present.get("path")))
         else:
-            summary["nccl_block"] = "differs"
-            reasons.append(_reason("CRIT", "nccl_block_values", "the NCCL block in %s does not hold sglang_nccl_env's "
-                                   "values: run playbooks/patch.yml, then playbooks/restart.yml" % present.get("path")))
+            summary["nccl_files"] = {_file_label(f): _block_state(f) for f in files}
+            missing = [f for f in files if _block_state(f) == "missing"]
+            differs = [f for f in files if _block_state(f) == "differs"]
+            summary["nccl_block"] = "missing" if missing else "differs" if differs else "present"
+            if missing:
+                reasons.append(_reason("CRIT", "nccl_block_missing", "the NCCL block is missing from %s (a reinstall "
+                                       "of sglang removes it): run playbooks/patch.yml, then playbooks/restart.yml"
+                                       % ", ".join(f.get("path") or "?" for f in missing)))
+            if differs:
+                reasons.append(_reason("CRIT", "nccl_block_values", "the NCCL block in %s does not hold "
+                                       "sglang_nccl_env's values (%s): run playbooks/patch.yml, then "
+                                       "playbooks/restart.yml" % (", ".join(f.get("path") or "?" for f in differs),
+                                                                  _block_difference(differs[0], present.get("env")))))
     workers = s.get("workers")
     if _ran(workers) and "workers" in workers:
         listed = workers.get("workers") or []
@@ -324,16 +355,20 @@ def sglang_reasons(s, config=None):
                               for w in bad[:4])
             reasons.append(_reason("CRIT", "nccl_worker_env", "%d of %d worker(s) lack the NCCL values: %s; "
                                    "restart with playbooks/restart.yml" % (len(bad), len(listed), names[:400])))
-    stat = s.get("engine_stat")
-    mtime = _num(((stat or {}).get("stat") or {}).get("mtime")) if _ran(stat) else None
+    # A patched file newer than the running server: the workers run with the block it had at the start.
+    changed_after = []
     started, _ = _started_epoch(s)
-    if mtime is not None and started is not None:
+    mtimes = [(f, _num(f.get("mtime"))) for f in files]
+    mtimes = [(f, m) for f, m in mtimes if m is not None]
+    if mtimes and started is not None:
         summary["server_started_epoch"] = round(started, 1)
-        summary["engine_mtime_epoch"] = round(mtime, 1)
+        summary["engine_mtime_epoch"] = round(max(m for _, m in mtimes), 1)
+        changed_after = [f for f, m in mtimes if m > started + 1]
         # Both times come from the host's clock. A missing or wrong block already says "patch, then restart".
-        if mtime > started + 1 and summary.get("nccl_block") in (None, "present", "unknown"):
-            reasons.append(_reason("WARN", "restart_needed", "engine.py changed after the server started: restart "
-                                   "(playbooks/restart.yml) so the workers get the current NCCL block"))
+        if changed_after and summary.get("nccl_block") in (None, "present", "unknown"):
+            reasons.append(_reason("WARN", "restart_needed", "%s changed after the server started: restart "
+                                   "(playbooks/restart.yml) so the workers get the current NCCL block"
+                                   % " and ".join(_file_label(f) for f in changed_after)))
     return reasons, summary, running
 
 
@@ -351,7 +386,7 @@ def gpufleet_check_verdict(gathered, config=None):
     """One host's verdict from what the fleet_check role gathered.
 
     ``gathered``: {"gpu": nvidia_gpu_info result, "health", "server_info", "host", "args", "patch_present",
-    "patch_absent", "workers", "engine_stat", "started"} (see :func:`sglang_reasons`).
+    "workers", "started"} (see :func:`sglang_reasons`).
     """
     gathered = gathered or {}
     s_reasons, summary, running = sglang_reasons(gathered, config)

@@ -241,10 +241,12 @@ files:
       description: The backup copy (O(backup)), or null.
       type: str
     previous_file:
-      description: Where its bytes before the change were kept (O(previous_file) or O(previous_dir)), or null.
+      description:
+        - Where its bytes before the change were kept (O(previous_file) or O(previous_dir)), or null; in check
+          mode where they would be kept.
       type: str
     previous_sha256:
-      description: Hex SHA-256 of the bytes in RV(files[].previous_file), or null.
+      description: Hex SHA-256 of the bytes in RV(files[].previous_file) (in check mode of the file's bytes now), or null.
       type: str
 scan:
   description:
@@ -701,13 +703,23 @@ def run_module():
                              % (len(changing), release, FUNCTION_NAME, ", ".join(e["path"] for e in changing)),
                          **result)
 
+    def keep_path(path):
+        return params["previous_file"] or (
+            os.path.join(params["previous_dir"], previous_name(found.get("package_dir"), path))
+            if params["previous_dir"] else None)
+
+    if changing and module.check_mode:
+        # Where each copy would go and what it would hold (nothing is written): a caller that copies the files
+        # as another user (roles/sglang_nccl_patch/tasks/previous.yml) uses the module's own naming.
+        for entry in changing:
+            entry["previous_file"] = keep_path(entry["path"])
+            entry["previous_sha256"] = hashlib.sha256(entry["raw"]).hexdigest() if entry["previous_file"] else None
+        result["files"] = [file_result(e, False, True) for e in planned]
     if changing and not module.check_mode:
         written = []
         for entry in changing:
             path = entry["path"]
-            keep = params["previous_file"] or (
-                os.path.join(params["previous_dir"], previous_name(found.get("package_dir"), path))
-                if params["previous_dir"] else None)
+            keep = keep_path(path)
             if keep:
                 try:
                     kept = keep_previous(path, entry["raw"], keep)

@@ -13,6 +13,7 @@ window of seconds after the stop.
 """
 import hashlib
 import json
+import os
 import threading
 import time
 
@@ -488,3 +489,73 @@ def test_a_stop_that_fails_after_signalling_rolls_back_once_the_stuck_worker_is_
     assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
     [row] = [line for line in out.split("GPUFLEET SUMMARY", 1)[1].splitlines() if line.startswith(host + ": ")]
     assert "rolled_back in stop" in row, row
+
+
+# SGLang's development branch after 0.5.23 keeps a copy of _set_envs_and_config in srt/entrypoints/worker_launch.py,
+# run instead of engine.py's when SGLANG_PRESPAWN_WORKERS=1 (../shared/upstream/sglang-main/SOURCE.md). The lab's
+# stand-in does the same (tests/support/set_envs_exec.py set_envs_source), so a host whose worker_launch.py lacks the
+# block verifies 0/N workers.
+UPSTREAM_WORKER_LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared",
+                                      "upstream", "sglang-main", "worker_launch.py")
+WORKER_LAUNCH = ENGINE.replace("engine.py", "worker_launch.py")
+
+
+def worker_launch_path(lab, host):
+    return "%s/%s" % (lab.host_vars(host)["sglang_python"].rsplit("/bin/", 1)[0], WORKER_LAUNCH)
+
+
+def file_sha(lab, host, path):
+    res = lab.exec(host, ["cat", path], check=True)
+    return hashlib.sha256(res.stdout.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+@pytest.mark.lab_only_once
+@pytest.mark.skipif(not os.path.exists(UPSTREAM_WORKER_LAUNCH), reason="../shared/upstream/sglang-main is not here")
+def test_prespawn_copy_is_patched_verified_and_put_back_with_engine_py(lab):
+    host = lab.hosts[3 % len(lab.hosts)]
+    ensure_serving(lab, host)
+    worker = worker_launch_path(lab, host)
+    with open(UPSTREAM_WORKER_LAUNCH, "rb") as handle:
+        upstream = handle.read()
+    lab.exec(host, ["sh", "-c", 'cat > "$0"', worker], input=upstream.decode("utf-8"), check=True)
+    prespawn = dict(changed_config(lab, host), sglang_launch_extra_env={"SPT_NOENV": "1", "SGLANG_PRESPAWN_WORKERS": "1"})
+    try:
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=prespawn)
+        out = stdout_of(runner)
+        assert runner.status == "successful", out[-4000:]
+        [patch] = [d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_nccl_patch") if d["host"] == host
+                   and d["task"] == "Put NCCL variables into SGLang's _set_envs_and_config"]
+        assert patch["paths"] == [engine_path(lab, host), worker]
+        assert [f["changed"] for f in patch["files"]] == [True, True]
+        for path in (engine_path(lab, host), worker):
+            text = lab.exec(host, ["cat", path], check=True).stdout
+            assert "# BEGIN gpufleet managed block" in text and "os.environ['NCCL_DEBUG'] = 'WARN'" in text
+        # The server ran worker_launch.py's copy, and verify found the values in every worker.
+        log = lab.exec(host, ["cat", "%s/sglang.log" % state_dir(lab, host)], check=True).stdout
+        ran = [line for line in log.splitlines() if "_set_envs_and_config (" in line][-1]
+        assert "srt/entrypoints/worker_launch.py) set:" in ran, ran
+        [verified] = [d for d in lab.events(runner, "runner_on_ok", "assert") if d["host"] == host and
+                      d["task"] == "The server generates, every worker carries the NCCL values, and the launched server owns the port"]
+        assert "NCCL values present in all" in verified["res"]["msg"]
+        record = launch_record(lab, host)
+        assert [f["path"] for f in record["nccl_files"]] == [engine_path(lab, host), worker]
+
+        # A failed launch after the patch puts both files back as they were before that run.
+        before = {path: file_sha(lab, host, path) for path in (engine_path(lab, host), worker)}
+        before_pid = server_pid(lab, host)
+        lab.fault(host, crash_with_arg="--max-running-requests")
+        bad = dict(prespawn, sglang_launch_args=dict(prespawn["sglang_launch_args"], **{"max-running-requests": 7}),
+                   sglang_nccl_env=dict(prespawn["sglang_nccl_env"], NCCL_DEBUG="INFO"))
+        failed = lab.run_playbook(PLAYBOOK, limit=host, extravars=bad)
+        assert failed.status == "failed", stdout_of(failed)[-4000:]
+        rollback = facts(lab, failed, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        assert "engine.py and worker_launch.py restored to their bytes from before this run" in rollback["detail"]
+        assert {path: file_sha(lab, host, path) for path in before} == before
+        assert_serves_previous_launch(lab, host, before_pid, before[engine_path(lab, host)], record)
+    finally:
+        lab.clear_faults(host)
+        lab.exec(host, ["rm", "-f", worker])
+        # Back to the group's configuration (the launch record held SGLANG_PRESPAWN_WORKERS).
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=FAST)
+        assert runner.status == "successful", stdout_of(runner)[-4000:]

@@ -250,18 +250,25 @@ def run_set_envs_and_config(source_path, environ, server_args=None, start_method
     return result["env"]
 
 
-def set_envs_source(package_dir):
-    """The file that defines ``_set_envs_and_config`` in an installed ``sglang/`` package directory (str).
+def set_envs_source(package_dir, environ=None):
+    """The file whose ``_set_envs_and_config`` SGLang runs, in an installed ``sglang/`` package directory (str).
 
     ``srt/entrypoints/engine.py`` from 0.4.1.post7, ``srt/server.py`` up to 0.4.1.post6 (0.4.1.post7-0.4.5
-    keep a re-exporting ``srt/server.py`` shim, so the engine file is tried first).
+    keep a re-exporting ``srt/server.py`` shim, so the engine file is tried first). On SGLang's development branch
+    after 0.5.23, ``prespawn.maybe_prespawn()`` runs the copy in ``srt/entrypoints/worker_launch.py`` instead when
+    ``SGLANG_PRESPAWN_WORKERS=1`` is in ``environ`` (default: this process's environment) and that file defines it.
     """
-    engine = _real_os.path.join(package_dir, "srt", "entrypoints", "engine.py")
-    if _real_os.path.exists(engine):
-        with open(engine, "rb") as handle:
-            try:
-                extract_function(handle.read(), filename=engine)
-                return engine
-            except LookupError:
-                pass
+    environ = _real_os.environ if environ is None else environ
+    candidates = ["engine.py"]
+    if environ.get("SGLANG_PRESPAWN_WORKERS") == "1":
+        candidates.insert(0, "worker_launch.py")
+    for name in candidates:
+        path = _real_os.path.join(package_dir, "srt", "entrypoints", name)
+        if _real_os.path.exists(path):
+            with open(path, "rb") as handle:
+                try:
+                    extract_function(handle.read(), filename=path)
+                    return path
+                except LookupError:
+                    pass
     return _real_os.path.join(package_dir, "srt", "server.py")

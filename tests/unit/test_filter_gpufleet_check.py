@@ -33,6 +33,12 @@ def _gpu(i, **over):
     return g
 
 
+def _patched(relative, changed=False, block="same", block_env=None, mtime=1000.0):
+    """One entry of sglang_nccl_patch's RV files (check mode)."""
+    return {"path": "/x/sglang/" + relative, "relative": relative, "changed": changed, "block": block,
+            "block_env": {"NCCL_ALGO": "Ring"} if block_env is None and block == "same" else block_env, "mtime": mtime}
+
+
 def healthy():
     return {
         "gpu": {"changed": False, "gpu_count": 8, "driver_version": "580.159.04", "gpus": [_gpu(i) for i in range(8)],
@@ -41,11 +47,11 @@ def healthy():
         "server_info": {"status": 200, "json": {"version": "0.5.23", "tp_size": 8, "model_path": "/m"}},
         "host": {"managed_pid": 100, "managed_running": True},
         "args": {"sglang_version": "0.5.23", "dest_values": {"tp_size": 8, "model_path": "/m"}},
-        "patch_present": {"changed": False, "path": "/x/engine.py", "sglang_version": "0.5.23"},
-        "patch_absent": {"skipped": True},
+        "patch_present": {"changed": False, "path": "/x/sglang/srt/entrypoints/engine.py", "sglang_version": "0.5.23",
+                          "env": {"NCCL_ALGO": "Ring"},
+                          "files": [_patched("srt/entrypoints/engine.py")]},
         "workers": {"workers": [{"pid": 200 + i, "title": "sglang::scheduler_TP%d" % i, "match": True,
                                  "missing": [], "mismatched": {}} for i in range(8)], "all_match": True},
-        "engine_stat": {"stat": {"mtime": 1000.0}},
         "started": {"stdout": "1950.000", "rc": 0},
     }
 
@@ -160,18 +166,37 @@ def test_memory_held_with_no_server_and_foreign_process():
 def test_nccl_block_missing_differs_and_uncheckable():
     g = healthy()
     g["patch_present"]["changed"] = True
-    g["patch_absent"] = {"changed": False, "path": "/x/engine.py"}
+    g["patch_present"]["files"] = [_patched("srt/entrypoints/engine.py", changed=True, block="none")]
     r = verdict(g)
     assert codes(r) == {("CRIT", "nccl_block_missing", None)} and "playbooks/patch.yml" in r["reasons"][0]["text"]
-    g["patch_absent"]["changed"] = True
-    assert codes(verdict(g)) == {("CRIT", "nccl_block_values", None)}
+    assert "/x/sglang/srt/entrypoints/engine.py" in r["reasons"][0]["text"]
+    g["patch_present"]["files"] = [_patched("srt/entrypoints/engine.py", changed=True, block="other",
+                                            block_env={"NCCL_ALGO": "Tree"})]
+    r = verdict(g)
+    assert codes(r) == {("CRIT", "nccl_block_values", None)}
+    assert "NCCL_ALGO is 'Tree', wanted 'Ring'" in r["reasons"][0]["text"] and r["sglang"]["nccl_block"] == "differs"
     # A block removed after the server started: the fix named is "patch, then restart", no second reason.
-    g["engine_stat"]["stat"]["mtime"] = 1990.0
-    g["patch_absent"]["changed"] = False
+    g["patch_present"]["files"] = [_patched("srt/entrypoints/engine.py", changed=True, block="none", mtime=1990.0)]
     assert codes(verdict(g)) == {("CRIT", "nccl_block_missing", None)}
-    g["patch_present"] = {"failed": True, "msg": "def _set_envs_and_config() not found"}
-    g["engine_stat"]["stat"]["mtime"] = 1000.0
+    g["patch_present"] = {"failed": True, "msg": "def _set_envs_and_config() not found", "files": []}
     assert codes(verdict(g)) == {("WARN", "nccl_check_failed", None)}
+
+
+def test_every_patched_file_is_judged_and_named():
+    # SGLang after 0.5.23: worker_launch.py's copy runs instead of engine.py's when SGLANG_PRESPAWN_WORKERS=1.
+    g = healthy()
+    g["patch_present"]["changed"] = True
+    g["patch_present"]["files"].append(_patched("srt/entrypoints/worker_launch.py", changed=True, block="none"))
+    r = verdict(g)
+    assert codes(r) == {("CRIT", "nccl_block_missing", None)}
+    assert "worker_launch.py" in r["reasons"][0]["text"] and "engine.py" not in r["reasons"][0]["text"]
+    assert r["sglang"]["nccl_files"] == {"srt/entrypoints/engine.py": "present",
+                                         "srt/entrypoints/worker_launch.py": "missing"}
+    g = healthy()
+    g["patch_present"]["files"].append(_patched("srt/entrypoints/worker_launch.py", mtime=1990.0))
+    r = verdict(g)
+    assert codes(r) == {("WARN", "restart_needed", None)}
+    assert r["reasons"][0]["text"].startswith("srt/entrypoints/worker_launch.py changed after the server started")
 
 
 def test_worker_without_nccl_values_and_restart_needed():
@@ -180,7 +205,7 @@ def test_worker_without_nccl_values_and_restart_needed():
     r = verdict(g)
     assert codes(r) == {("CRIT", "nccl_worker_env", None)} and "NCCL_PROTO" in r["reasons"][0]["text"]
     g = healthy()
-    g["engine_stat"]["stat"]["mtime"] = 1990.0  # changed 40 s after the server started 
+    g["patch_present"]["files"][0]["mtime"] = 1990.0  # changed 40 s after the server started
     assert codes(verdict(g)) == {("WARN", "restart_needed", None)}
 
 

@@ -318,6 +318,9 @@ def test_previous_file_is_not_written_when_nothing_changes_or_in_check_mode(tmp_
     prev = tmp_path / "engine.py.prev"
     checked = run_main(capsys, {"path": str(path), "env": ENV, "previous_file": str(prev)}, check_mode=True)
     assert checked["changed"] and checked["previous"] is None and not prev.exists()
+    # ... but says where the copy would go and what it would hold (tasks/previous.yml copies it as another user).
+    assert checked["files"][0]["previous_file"] == str(prev)
+    assert checked["files"][0]["previous_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     run_main(capsys, {"path": str(path), "env": ENV})
     again = run_main(capsys, {"path": str(path), "env": ENV, "previous_file": str(prev)})
     assert not again["changed"] and again["previous"] is None and not prev.exists()
@@ -526,8 +529,12 @@ def test_python_option_patches_every_file_that_defines_the_function(tmp_path, ca
 def test_check_mode_diff_lists_every_file(tmp_path, capsys, monkeypatch):
     engine, worker = make_two_file_tree(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
-    result = run_main(capsys, {"python": sys.executable, "env": ENV}, check_mode=True, diff=True)
+    result = run_main(capsys, {"python": sys.executable, "env": ENV, "previous_dir": str(tmp_path / "prev")},
+                      check_mode=True, diff=True)
     assert [d["before_header"] for d in result["diff"]] == [str(engine), str(worker)]
+    assert [f["previous_file"] for f in result["files"]] == [
+        str(tmp_path / "prev" / "srt.entrypoints.engine.py.prev"), str(tmp_path / "prev" / "srt.entrypoints.worker_launch.py.prev")]
+    assert not (tmp_path / "prev").exists()
     assert all("os.environ['NCCL_IB_HCA'] = 'mlx5'" in d["after"] for d in result["diff"])
     assert engine.read_text() == SOURCE and worker.read_text() == WORKER_SOURCE
 

@@ -11,7 +11,9 @@ Launched as ``<host venv python> sglang_standin.py <sglang.launch_server flags>`
    ``sglang\\.launch_server`` matches.
 3. Locates the installed sglang with ``importlib.util.find_spec`` (no import) and executes the release's real
    ``_set_envs_and_config`` against ``os.environ`` (tests/support/set_envs_exec.py): a patched engine.py changes
-   what the workers inherit; an unpatched one does not.
+   what the workers inherit; an unpatched one does not. With ``SGLANG_PRESPAWN_WORKERS=1`` in its environment it
+   runs the copy in ``srt/entrypoints/worker_launch.py`` instead, where the package has one (SGLang's
+   development branch after 0.5.23; ``prespawn.maybe_prespawn()``).
 4. Spawns ``--tp-size`` workers with the multiprocessing ``spawn`` context, titled ``sglang::scheduler_TP{n}``,
    each with PDEATHSIG=SIGKILL, /dev/nvidia{n} open and ``worker_mib`` MiB registered with gpusimd on GPU n;
    plus ``sglang::detokenizer``.
@@ -712,10 +714,11 @@ def main(argv=None):
     before = dict(os.environ)
     # Flags not given stay None in the stand-in's parser: SGLang's own defaults (tp/nnodes 1, ...) apply.
     given = {k: v for k, v in vars(args).items() if v is not None}
-    set_envs_exec.execute_set_envs_and_config(set_envs_exec.set_envs_source(pkg_dir), os.environ,
-                                              server_args=given)
+    # SGLang after 0.5.23 runs worker_launch.py's copy instead when SGLANG_PRESPAWN_WORKERS=1 (set_envs_source).
+    source = set_envs_exec.set_envs_source(pkg_dir)
+    set_envs_exec.execute_set_envs_and_config(source, os.environ, server_args=given)
     changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
-    log("_set_envs_and_config (%s) set: %s" % (version, ", ".join(changed)))
+    log("_set_envs_and_config (%s, %s) set: %s" % (version, os.path.relpath(source, pkg_dir), ", ".join(changed)))
     server = Server(args, argv, pkg_dir, version)
     signal.signal(signal.SIGTERM, server.on_sigterm)
     server.run()

@@ -1,0 +1,91 @@
+"""gpufleet filters for the NCCL patch's files: what a rollback restores, and what it says it did.
+
+The patch (module sglang_nccl_patch) changes every file of the installed SGLang that defines
+``_set_envs_and_config``: ``srt/entrypoints/engine.py`` in every release up to 0.5.23, and on SGLang's development
+branch after it also ``srt/entrypoints/worker_launch.py``. Plain functions, unit-tested in
+tests/unit/test_filter_gpufleet_patch.py; nothing here touches a host.
+
+- ``gpufleet_patch_kept(files)`` -> list: the module's RV ``files`` entries that have a rollback copy, as
+  ``{path, previous_file, sha256}`` (``sglang_nccl_patch_previous.files``).
+- ``gpufleet_patch_record(files)`` -> list: ``{path, sha256}`` of each patched file, for the launch record.
+- ``gpufleet_patch_restore(stat_results)`` -> dict: from the rollback's ``stat`` of each kept file (a loop over
+  ``sglang_nccl_patch_previous.files``), ``restore`` (the kept entries whose file differs from its copy) and
+  ``note`` (one sentence saying what the rollback did to each file).
+"""
+from __future__ import annotations
+
+import os
+
+from ansible.errors import AnsibleFilterError
+
+NOT_CHANGED = "engine.py not changed by this run"
+
+
+def gpufleet_patch_kept(files):
+    """``{path, previous_file, sha256}`` for each entry of the patch module's RV ``files`` with a rollback copy
+    (``previous_file`` set; ``sha256`` is that copy's, ``previous_sha256``)."""
+    if not isinstance(files, (list, tuple)):
+        raise AnsibleFilterError("gpufleet_patch_kept: expected the patch module's files list, got %r" % (files,))
+    return [{"path": f["path"], "previous_file": f["previous_file"], "sha256": f.get("previous_sha256")}
+            for f in files if isinstance(f, dict) and isinstance(f.get("previous_file"), str) and f.get("path")]
+
+
+def gpufleet_patch_record(files):
+    """``{path, sha256}`` of each entry of the patch module's RV ``files`` (what the launched server runs with)."""
+    if not isinstance(files, (list, tuple)):
+        raise AnsibleFilterError("gpufleet_patch_record: expected the patch module's files list, got %r" % (files,))
+    return [{"path": f.get("path"), "sha256": f.get("sha256")} for f in files if isinstance(f, dict)]
+
+
+def _labels(paths):
+    """Short names for ``paths``: base names when those are unique, else the paths themselves."""
+    names = [os.path.basename(p) for p in paths]
+    return names if len(set(names)) == len(names) else list(paths)
+
+
+def _join(words):
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def gpufleet_patch_restore(stat_results):
+    """What the rollback restores and says, from its ``stat`` loop over the kept files.
+
+    ``stat_results``: the ``results`` list of ``ansible.builtin.stat`` (``checksum_algorithm: sha256``) looped over
+    ``sglang_nccl_patch_previous.files``; each result carries its ``item`` (path, previous_file, sha256).
+    Returns ``{"restore": [items to copy back], "note": str}``: a file is restored when its bytes differ from the
+    copy (missing counts as differing); one that equals it was not written by this run's patch.
+    """
+    restore, restored, unchanged = [], [], []
+    for result in stat_results or []:
+        item = (result or {}).get("item") or {}
+        if not item.get("path") or not item.get("previous_file"):
+            continue
+        now = ((result.get("stat") or {}).get("checksum")) or ""
+        if now != item.get("sha256"):
+            restore.append(item)
+            restored.append(item)
+        else:
+            unchanged.append(item)
+    if not restored and not unchanged:
+        return {"restore": [], "note": NOT_CHANGED}
+    labels = dict(zip([i["path"] for i in restored + unchanged], _labels([i["path"] for i in restored + unchanged])))
+    parts = []
+    if restored:
+        parts.append("%s restored to %s bytes from before this run (sha256 %s)" % (
+            _join([labels[i["path"]] for i in restored]), "its" if len(restored) == 1 else "their",
+            ", ".join(str(i.get("sha256") or "?")[:12] for i in restored)))
+    if unchanged:
+        parts.append("%s unchanged (the patch had not written %s)" % (
+            _join([labels[i["path"]] for i in unchanged]), "it" if len(unchanged) == 1 else "them"))
+    return {"restore": restore, "note": "; ".join(parts)}
+
+
+class FilterModule(object):
+    """gpufleet NCCL patch filters."""
+
+    def filters(self):
+        return {
+            "gpufleet_patch_kept": gpufleet_patch_kept,
+            "gpufleet_patch_record": gpufleet_patch_record,
+            "gpufleet_patch_restore": gpufleet_patch_restore,
+        }
