@@ -22,8 +22,20 @@ description:
     abbreviation (C(allow_abbrev), so C(tp) means C(--tp-size)); a prefix of several is an error listing them
     (C(cuda-graph-max-bs) from 0.5.20); unknown flags are errors suggesting close spellings; C(int)/C(float)
     values and C(choices) are checked; switches (C(store_true)) must be given V(true); required options
-    (C(--model-path)) must be present. From 0.5.14 C(--speculative-algorithm) is a free string in argparse,
-    so its value is checked against the release's C(SpeculativeAlgorithm) names plus O(extra_speculative_algorithms)."
+    (C(--model-path)) must be present. From 0.5.12 C(--speculative-algorithm) is a free string in argparse,
+    so its value is checked against the release's C(SpeculativeAlgorithm) names and the aliases it maps
+    onto them (C(NEXTN)) plus O(extra_speculative_algorithms)."
+  - Choices that a release computes from another module are read there too, for example
+    C(--tool-call-parser) and C(--reasoning-parser) (the keys of C(FunctionCallParser.ToolCallParserEnum) and
+    C(ReasoningParser.DetectorMap) up to 0.5.20, the lists in C(function_call/parser_names.py) and
+    C(parser/reasoning_parser_names.py) in 0.5.23), quantization methods, attention, grammar and MoE
+    backends and load formats (module-level lists in C(srt/server_args.py) or C(srt/arg_groups/choices.py)).
+  - "A value outside the choices is refused in argparse's words, followed by the close spellings, for example
+    C(argument --tool-call-parser: invalid choice: 'kimi_k25') with the list to choose from and
+    C(did you mean 'kimi_k2'?)."
+  - The flags given whose value could not be checked (the release converts it with its own function such as
+    C(human_readable_int), or computes the choices at run time) are listed in RV(given_unchecked), each with
+    the reason.
   - Invalid flags do not fail the module; they are returned in RV(errors) with RV(valid=false). The module
     fails only when sglang cannot be found or its files cannot be read.
   - Never changes anything.
@@ -79,6 +91,14 @@ options:
     type: list
     elements: str
     default: []
+  extra_choices:
+    description:
+      - Values to accept for a flag beyond the choices read from the release's source, keyed by the flag name
+        without leading dashes, for example C(tool-call-parser) mapped to C([my_parser]).
+      - For names a plugin adds at run time, with C(add_attention_backend_choices) or by registering a
+        parser; the error for a value outside the choices says when the release has such a hook.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     support: full
@@ -91,8 +111,9 @@ attributes:
     platforms: posix
 notes:
   - A release may extend choice lists at run time (plugins registering quantization methods, parsers); those
-    choices are taken as written in the source (RV(options_unchecked) lists options whose choices or value
-    types cannot be checked statically).
+    choices are taken as written in the source, and a value outside them is refused with a note saying how
+    the release could add it (O(extra_choices) accepts such names). RV(given_unchecked) lists the flags
+    given whose values could not be checked statically.
   - "Errors returned (RV(errors)) use argparse's wording where argparse would fail, for example
     C(ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill)."
 seealso:
@@ -206,11 +227,36 @@ argv:
   elements: str
   sample: ["--model-path", "/models/m", "--tp-size", "8", "--trust-remote-code", "--host", "127.0.0.1", "--port", "30000"]
 options_unchecked:
-  description: Canonical options given whose values could not be fully checked (converter functions such as
-    C(human_readable_int), or choices computed at run time).
+  description:
+    - Canonical options given whose values could not be fully checked (converter functions such as
+      C(human_readable_int), or choices computed at run time); the same flags as RV(given_unchecked).
   returned: always
   type: list
   elements: str
+given_unchecked:
+  description:
+    - One entry per flag given (in O(launch_args)) whose value was accepted without a check, with the
+      reason; empty when every value given was checked. Flags with errors are in RV(errors) instead.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    flag:
+      description: The flag as given, with C(--).
+      type: str
+      sample: --context-length
+    option:
+      description: The release's canonical option string for it.
+      type: str
+      sample: --context-length
+    why:
+      description: Why the value could not be checked.
+      type: str
+      sample: SGLang converts the value with human_readable_int, which preflight does not run
+    message:
+      description: The flag and the reason in one line, as preflight prints it.
+      type: str
+      sample: --context-length (SGLang converts the value with human_readable_int, which preflight does not run)
 """
 
 import gc
@@ -271,21 +317,6 @@ def read_help(module, python, timeout_s):
     return options, " ".join(argv)
 
 
-def unchecked_options(options, values):
-    out = []
-    by_name = {}
-    for option in options:
-        for name in option["option_strings"]:
-            by_name.setdefault(name, option)
-    for canonical in values:
-        option = by_name.get(canonical)
-        if option is None or option["nargs"] == 0:
-            continue
-        if (option["type"] is None) or (option["choices"] is None and not option["choices_known"]):
-            out.append(canonical)
-    return out
-
-
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -297,6 +328,7 @@ def main():
             mode=dict(type="str", choices=["static", "help", "auto"], default="auto"),
             help_timeout_s=dict(type="int", default=300),
             extra_speculative_algorithms=dict(type="list", elements="str", default=[]),
+            extra_choices=dict(type="dict", default={}),
         ),
         required_one_of=[["python", "package_dir"]],
         required_if=[["mode", "help", ["python"]]],
@@ -334,20 +366,21 @@ def main():
         if static_problem:
             module.warn("static reading failed (%s); the flags were checked against --help" % static_problem)
 
-    known = {}
+    # None: SGLang checks the value after parsing against names not found in this release (given_unchecked).
     algorithms = read_speculative_algorithms(package_dir)
-    if algorithms:
-        known["--speculative-algorithm"] = sorted(set(algorithms) | set(
-            a.upper() for a in p["extra_speculative_algorithms"]))
+    known = {"--speculative-algorithm": sorted(set(algorithms) | set(
+        a.upper() for a in p["extra_speculative_algorithms"])) if algorithms else None}
+    extra = dict((key, value if isinstance(value, list) else [value]) for key, value in p["extra_choices"].items())
     checked = check_launch_args(options, p["launch_args"], host=p["host"], port=p["port"],
-                                allow_abbrev=allow_abbrev, known_values=known)
+                                allow_abbrev=allow_abbrev, known_values=known, extra_choices=extra)
     result.update(
         source_files=files, style=style, mode_used=mode_used, option_count=len(options) + (
             0 if any("--help" in o["option_strings"] for o in options) else 1),
         valid=checked["valid"], errors=checked["errors"], flag_warnings=checked["warnings"],
         resolved=checked["resolved"], values=checked["values"], dest_values=checked["dest_values"],
         argv=checked["argv"] if checked["valid"] else [],
-        options_unchecked=unchecked_options(options, checked["values"]),
+        options_unchecked=sorted(set(u["option"] for u in checked["unchecked"])),
+        given_unchecked=checked["unchecked"],
     )
     module.exit_json(**result)
 

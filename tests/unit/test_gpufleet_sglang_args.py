@@ -4,6 +4,7 @@ Release-level tests read the real wheels from PyPI (marker ``realrelease``); the
 written here that copy the two definition styles found in those wheels.
 """
 import argparse
+import functools
 import textwrap
 
 import pytest
@@ -28,7 +29,9 @@ EAGLE3 = {
 }
 
 
+@functools.lru_cache(maxsize=None)
 def release(version):
+    # Cached: a release is read once per test session (callers only read the options, never change them).
     pkg = sglang_package_dir(version)
     static = sa.read_static(str(pkg))
     known = {"--speculative-algorithm": sa.read_speculative_algorithms(str(pkg))}
@@ -466,8 +469,299 @@ def test_releases_that_predate_eagle3_refuse_the_flag_set():
     # 0.4.1.post6 knows only EAGLE; 0.3.6 has no speculative decoding flags at all.
     result = check("0.4.1.post6", EAGLE3)
     assert result["errors"] == [{"flag": "--speculative-algorithm", "message":
-                                 "argument --speculative-algorithm: invalid choice: 'EAGLE3' (choose from 'EAGLE')"}]
+                                 "argument --speculative-algorithm: invalid choice: 'EAGLE3' (choose from 'EAGLE'); "
+                                 "did you mean 'EAGLE'?"}]
     result = check("0.3.6", EAGLE3)
     assert sorted(e["flag"] for e in result["errors"]) == [
         "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-eagle-topk",
         "--speculative-num-draft-tokens", "--speculative-num-steps"]
+
+
+# ---- choices SGLang keeps in other modules (parsers, backends), real releases -------------------------------
+
+# Every release from 0.4.6 in test_sglang_nccl_patch_releases.RELEASES, plus 0.5.12 and 0.5.12.post1 (NEXTN).
+CHOICE_RELEASES = ["0.4.6", "0.5.4", "0.5.5", "0.5.10", "0.5.11", "0.5.12", "0.5.12.post1", "0.5.14", "0.5.20",
+                   "0.5.23"]
+
+
+def _version(version):
+    return tuple(int(p) for p in version.replace("post", ".").split(".") if p.isdigit())
+
+
+@pytest.mark.realrelease
+@pytest.mark.parametrize("version", CHOICE_RELEASES)
+def test_every_choices_expression_of_the_release_is_read(version):
+    static, _ = release(version)
+    assert [(o["option_strings"][0], o["choices_expr"]) for o in static["options"] if not o["choices_known"]] == []
+    opts = options_by_name(static)
+    for flag in ("--tool-call-parser", "--reasoning-parser", "--quantization", "--attention-backend",
+                 "--grammar-backend", "--load-format"):
+        assert opts[flag]["choices"], (version, flag)
+
+
+@pytest.mark.realrelease
+@pytest.mark.parametrize("version", CHOICE_RELEASES)
+def test_misspelt_tool_call_parser_is_refused_like_argparse_and_the_real_name_accepted(version):
+    result = check(version, dict(EAGLE3, **{"tool-call-parser": "kimi_k25"}))
+    (error,) = result["errors"]
+    assert error["flag"] == "--tool-call-parser"
+    assert error["message"].startswith("argument --tool-call-parser: invalid choice: 'kimi_k25' (choose from ")
+    with pytest.raises(_ArgparseError, match="invalid choice: 'kimi_k25'"):
+        real_parser(release(version)[0]["options"]).parse_args(["--model-path", "/m", "--tool-call-parser", "kimi_k25"])
+    # 0.4.6 lists four tool-call parsers in server_args.py, none for Kimi
+    has_kimi = version != "0.4.6"
+    assert ("did you mean 'kimi_k2'" in error["message"]) is has_kimi
+    assert check(version, dict(EAGLE3, **{"tool-call-parser": "kimi_k2"}))["valid"] is has_kimi
+
+
+@pytest.mark.realrelease
+@pytest.mark.parametrize("version", CHOICE_RELEASES)
+def test_misspelt_reasoning_parser_is_refused_with_the_close_spelling(version):
+    result = check(version, dict(EAGLE3, **{"reasoning-parser": "deepseek_r1"}))
+    (error,) = result["errors"]
+    assert error["message"].startswith("argument --reasoning-parser: invalid choice: 'deepseek_r1' (choose from ")
+    assert "did you mean 'deepseek-r1'" in error["message"]
+    assert check(version, dict(EAGLE3, **{"reasoning-parser": "deepseek-r1"}))["valid"]
+
+
+@pytest.mark.realrelease
+@pytest.mark.parametrize("version", CHOICE_RELEASES)
+def test_nextn_is_accepted_on_every_release_that_takes_it(version):
+    result = check(version, dict(EAGLE3, **{"speculative-algorithm": "NEXTN"}))
+    assert result["valid"], result["errors"]
+    # Up to 0.5.11 argparse's choices compare case-sensitively; from 0.5.12 SGLang upper-cases the value first
+    # (0.5.12: ServerArgs._handle_speculative_decoding, then _resolve_speculative_algorithm_alias).
+    assert check(version, dict(EAGLE3, **{"speculative-algorithm": "nextn"}))["valid"] is (
+        _version(version) >= (0, 5, 12))
+
+
+@pytest.mark.realrelease
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.12.post1"])
+def test_nextn_alias_of_0_5_12_is_read_from_server_args(version):
+    # spec_info's enum has no NEXTN and spec_registry no _RESERVED_ALIASES in these two releases.
+    assert "NEXTN" in sa.read_speculative_algorithms(str(sglang_package_dir(version)))
+    result = check(version, dict(EAGLE3, **{"speculative-algorithm": "NEXTM"}))
+    assert "did you mean 'NEXTN'?" in result["errors"][0]["message"]
+
+
+@pytest.mark.realrelease
+@pytest.mark.parametrize("version,hook_file", [("0.5.4", "srt/server_args.py"),
+                                               ("0.5.23", "srt/arg_groups/choices.py")])
+def test_value_outside_a_list_plugins_can_grow_is_refused_saying_so(version, hook_file):
+    args = dict(EAGLE3, **{"attention-backend": "my_npu_attn"})
+    (error,) = check(version, args)["errors"]
+    assert "invalid choice: 'my_npu_attn'" in error["message"]
+    assert "add_attention_backend_choices() (%s)" % hook_file in error["message"]
+    assert "extra_choices" in error["message"]
+    assert check(version, args, extra_choices={"attention-backend": ["my_npu_attn"]})["valid"]
+
+
+@pytest.mark.realrelease
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.23"])
+def test_value_the_release_converts_itself_is_listed_as_unchecked(version):
+    result = check(version, dict(EAGLE3, **{"context-length": "128k", "tool-call-parser": "kimi_k2"}))
+    assert result["valid"], result["errors"]
+    why = "SGLang converts the value with human_readable_int, which preflight does not run"
+    assert result["unchecked"] == [{"flag": "--context-length", "option": "--context-length", "why": why,
+                                    "message": "--context-length (%s)" % why}]
+
+
+@pytest.mark.realrelease
+def test_retired_cuda_graph_backend_is_refused_with_the_converters_own_message():
+    # 0.5.23: type_parser=parse_cuda_graph_backend_arg raises for tc_piecewise before argparse's choices.
+    result = check("0.5.23", dict(EAGLE3, **{"cuda-graph-backend-decode": "tc_piecewise"}))
+    assert result["errors"] == [{"flag": "--cuda-graph-backend-decode", "message": (
+        "argument --cuda-graph-backend-decode: tc_piecewise was removed; select breakable, full, or disabled")}]
+    result = check("0.5.23", dict(EAGLE3, **{"cuda-graph-backend-decode": "breakable"}))
+    assert result["valid"] and result["unchecked"] == []
+    assert check("0.5.20", dict(EAGLE3, **{"cuda-graph-backend-decode": "tc_piecewise"}))["valid"]
+
+
+@pytest.mark.realrelease
+def test_choices_built_from_an_enum_and_from_an_environment_switch_are_read():
+    # --kv-canary-real-data: [m.name.lower() for m in RealKvHashMode]; --sampling-backend: token_oracle is added
+    # when SGLANG_KV_CANARY_ENABLE_TOKEN_ORACLE is on, which preflight cannot see, so it is accepted.
+    assert check("0.5.20", dict(EAGLE3, **{"kv-canary-real-data": "partial", "sampling-backend": "token_oracle"}))[
+        "valid"]
+    (error,) = check("0.5.20", dict(EAGLE3, **{"kv-canary-real-data": "PARTIAL"}))["errors"]
+    assert error["message"].startswith("argument --kv-canary-real-data: invalid choice: 'PARTIAL' (choose from "
+                                       "'none', 'partial', 'all')")
+
+
+# ---- choices, converters and aliases on small synthetic trees -----------------------------------------------
+
+CHOICES_STYLE = '''
+import argparse
+import sys
+from sglang.srt.parsers import Parsers
+from sglang.srt.utils import NAMES
+from sglang.srt.modes import Mode
+
+BACKENDS = ["a", "b"]
+
+def add_backend_choices(choices):
+    BACKENDS.extend(choices)
+
+def _tool_names():
+    module = sys.modules.get("sglang.srt.parsers")
+    if module is not None:
+        return list(module.Parsers.Map)
+    from sglang.srt.parser_names import TOOL_NAMES
+
+    return list(TOOL_NAMES)
+
+def parse_phase(raw):
+    """Refuse the retired name."""
+    if raw == "old":
+        raise argparse.ArgumentTypeError("old was removed; pick new")
+    return raw
+
+def nullable(val):
+    if not val or val == "None":
+        return None
+    return val
+
+def _resolve_alias(speculative_algorithm, draft=None):
+    if speculative_algorithm == "NEXTN" or speculative_algorithm == "EAGLE":
+        return "EAGLE"
+    return speculative_algorithm
+
+class ServerArgs:
+    def __post_init__(self):
+        self.speculative_algorithm = _resolve_alias(self.speculative_algorithm)
+
+    @staticmethod
+    def add_cli_args(parser):
+        parser.add_argument("--model-path", type=str, required=True)
+        parser.add_argument("--reasoning", choices=list(Parsers.Map.keys()))
+        parser.add_argument("--tool", choices=["auto"] + _tool_names())
+        parser.add_argument("--name", choices=NAMES)
+        parser.add_argument("--mode", choices=[m.name.lower() for m in Mode])
+        parser.add_argument("--backend", choices=BACKENDS)
+        sampling = set(BACKENDS)
+        if envs.FOO.get():
+            sampling.add("oracle")
+        parser.add_argument("--sampling", choices=sampling)
+        parser.add_argument("--phase", type=parse_phase, choices=Phase.ALL)
+        parser.add_argument("--qpath", type=nullable)
+        parser.add_argument("--dyn", choices=list(get_registry()))
+        parser.add_argument("--mem", type=human_readable_int)
+        parser.add_argument("--speculative-algorithm", type=str)
+
+class Phase:
+    FULL = "full"
+    OLD = "old"
+    ALL = (FULL, "none")
+'''
+
+
+@pytest.fixture
+def choices_tree(tmp_path):
+    return write_tree(tmp_path, {
+        "srt/server_args.py": CHOICES_STYLE,
+        "srt/parsers.py": "class Parsers:\n    Map: dict = {'r1': R1Detector, **{'qwen3': Q}}\n",
+        "srt/parser_names.py": "TOOL_NAMES = ['kimi_k2', 'qwen25']\n",
+        "srt/utils/__init__.py": "from .common import *\n",
+        "srt/utils/common.py": "NAMES = ('x', 'y')\n",
+        "srt/modes.py": "from enum import IntEnum, auto\nclass Mode(IntEnum):\n    NONE = 0\n    PARTIAL = auto()\n",
+        "srt/speculative/spec_info.py": "class SpeculativeAlgorithm(Enum):\n    EAGLE = 1\n    NONE = 2\n",
+        "srt/plugins/__init__.py": "def load_plugins():\n    pass\n",
+        "launch_server.py": "from sglang.srt.plugins import load_plugins\nload_plugins()\n",
+    })
+
+
+def test_choices_are_read_from_dict_keys_star_imports_functions_enums_and_class_bodies(choices_tree):
+    opts = options_by_name(sa.read_static(choices_tree))
+    assert opts["--reasoning"]["choices"] == ["r1", "qwen3"]
+    assert opts["--tool"]["choices"] == ["auto", "kimi_k2", "qwen25"]
+    assert opts["--name"]["choices"] == ["x", "y"]
+    assert opts["--mode"]["choices"] == ["none", "partial"]
+    assert opts["--phase"]["choices"] == ["full", "none"]
+    assert opts["--sampling"]["choices"] == ["a", "b", "oracle"]
+    assert opts["--dyn"]["choices_known"] is False and opts["--dyn"]["choices_expr"] == "list(get_registry())"
+
+
+def test_choices_note_says_how_the_release_can_add_names_at_run_time(choices_tree):
+    opts = options_by_name(sa.read_static(choices_tree))
+    assert opts["--backend"]["choices_note"] == "plugins can add names with add_backend_choices() (srt/server_args.py)"
+    assert "Parsers.Map (srt/parsers.py)" in opts["--reasoning"]["choices_note"]
+    assert "_tool_names() (srt/server_args.py) read the live registry" in opts["--tool"]["choices_note"]
+    assert opts["--sampling"]["choices_note"] == ("plugins can add names with add_backend_choices() "
+                                                  "(srt/server_args.py); the release adds 'oracle' only when "
+                                                  "envs.FOO.get()")
+    assert opts["--name"]["choices_note"] is None and opts["--mode"]["choices_note"] is None
+
+
+def test_close_spelling_and_run_time_note_follow_argparses_invalid_choice(choices_tree):
+    options = sa.read_static(choices_tree)["options"]
+    result = sa.check_launch_args(options, {"model-path": "/m", "tool": "kimi_k25", "name": "z"})
+    messages = {e["flag"]: e["message"] for e in result["errors"]}
+    assert messages["--tool"].startswith(
+        "argument --tool: invalid choice: 'kimi_k25' (choose from 'auto', 'kimi_k2', 'qwen25'); "
+        "did you mean 'kimi_k2'? (these are the names in the release's source; a plugin that registers")
+    assert messages["--name"] == "argument --name: invalid choice: 'z' (choose from 'x', 'y')"
+    result = sa.check_launch_args(options, {"model-path": "/m", "tool": "mine"}, extra_choices={"to": ["mine"]})
+    assert result["valid"], result["errors"]
+    result = sa.check_launch_args(options, {"model-path": "/m"}, extra_choices={"nope": ["x"]})
+    assert result["errors"][0]["message"].startswith("extra_choices: unrecognized argument --nope")
+
+
+def test_pass_through_converter_is_run_and_others_are_listed_as_unchecked(choices_tree):
+    options = sa.read_static(choices_tree)["options"]
+    result = sa.check_launch_args(options, {"model-path": "/m", "phase": "old"})
+    assert result["errors"] == [{"flag": "--phase", "message": "argument --phase: old was removed; pick new"}]
+    result = sa.check_launch_args(options, {"model-path": "/m", "phase": "ful"})
+    assert "invalid choice: 'ful'" in result["errors"][0]["message"]
+    result = sa.check_launch_args(options, {"model-path": "/m", "phase": "full", "qpath": "/q", "dyn": "x",
+                                            "me": "16G"})
+    assert result["valid"], result["errors"]
+    assert [(u["flag"], u["option"], u["why"]) for u in result["unchecked"]] == [
+        ("--dyn", "--dyn", "choices computed at run time (list(get_registry()))"),
+        ("--me", "--mem", "SGLang converts the value with human_readable_int, which preflight does not run")]
+    assert result["unchecked"][1]["message"] == \
+        "--me (--mem: SGLang converts the value with human_readable_int, which preflight does not run)"
+
+
+def test_given_unchecked_lists_a_dynamic_choice_flag_not_a_checked_or_refused_one(add_argument_tree):
+    options = sa.read_static(add_argument_tree)["options"]
+    result = sa.check_launch_args(options, {"model-path": "/m", "dyn": "anything", "mode": "a", "tp-size": 2})
+    assert [u["flag"] for u in result["unchecked"]] == ["--dyn"]
+    result = sa.check_launch_args(options, {"model-path": "/m", "dyn": "anything", "mode": "zz"})
+    assert [u["flag"] for u in result["unchecked"]] == ["--dyn"] and result["errors"][0]["flag"] == "--mode"
+
+
+def test_speculative_alias_mapped_in_server_args_is_a_known_name(choices_tree):
+    assert sa.read_speculative_algorithms(choices_tree) == ["EAGLE", "NEXTN"]
+    options = sa.read_static(choices_tree)["options"]
+    known = {"--speculative-algorithm": ["EAGLE", "NEXTN"]}
+    assert sa.check_launch_args(options, {"model-path": "/m", "speculative-algorithm": "nextn"},
+                                known_values=known)["valid"]
+    result = sa.check_launch_args(options, {"model-path": "/m", "speculative-algorithm": "EAGLE2"},
+                                  known_values=known)
+    assert "did you mean 'EAGLE'?" in result["errors"][0]["message"]
+    # no names found: SGLang still checks the value later, so it is listed as unchecked
+    result = sa.check_launch_args(options, {"model-path": "/m", "speculative-algorithm": "X"},
+                                  known_values={"--speculative-algorithm": None})
+    assert result["valid"] and [u["flag"] for u in result["unchecked"]] == ["--speculative-algorithm"]
+
+
+@pytest.mark.realrelease
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_lora_paths_take_several_values_through_action_kwargs(version):
+    # Arg(action=LoRAPathAction, action_kwargs={"type": str, "nargs": "*"}): the dict's literal values are read.
+    result = check(version, dict(EAGLE3, **{"lora-paths": ["a=/x", "b=/y"]}))
+    assert result["valid"], result["errors"]
+    argv = result["argv"]
+    assert argv[argv.index("--lora-paths"):argv.index("--lora-paths") + 3] == ["--lora-paths", "a=/x", "b=/y"]
+
+
+@pytest.mark.realrelease
+def test_dest_values_hold_what_argparse_stores_for_negative_switches():
+    # 0.5.23: --enable-tp-lm-head-all-to-all is a BooleanOptionalAction; its --no- form stores False (the NCCL
+    # conflict rules and check.yml's drift read dest_values as argparse would leave them).
+    base = dict(EAGLE3)
+    negative = check("0.5.23", dict(base, **{"no-enable-tp-lm-head-all-to-all": True}))
+    assert not negative["errors"] and negative["dest_values"]["enable_tp_lm_head_all_to_all"] is False
+    positive = check("0.5.23", dict(base, **{"enable-tp-lm-head-all-to-all": True}))
+    assert positive["dest_values"]["enable_tp_lm_head_all_to_all"] is True
+    assert check("0.5.23", dict(base, **{"trust-remote-code": True}))["dest_values"]["trust_remote_code"] is True

@@ -177,3 +177,74 @@ def test_help_mode_that_cannot_import_sglang_fails_with_its_output(tmp_path, mon
     assert rc == 1
     assert "help mode imports sglang" in out["msg"]
     assert "sglang.launch_server" in out["stderr"]
+
+
+@pytest.mark.realrelease
+def test_misspelt_parser_is_an_error_and_a_converted_value_is_listed_as_given_unchecked(capsys):
+    pkg = str(sglang_package_dir("0.5.23"))
+    args = dict(EAGLE3, **{"tool-call-parser": "kimi_k25", "context-length": "128k"})
+    rc, out = run_main({"package_dir": pkg, "launch_args": args}, capsys)
+    assert rc == 0 and out["valid"] is False and out["argv"] == []
+    (error,) = out["errors"]
+    assert error["flag"] == "--tool-call-parser"
+    assert error["message"].startswith("argument --tool-call-parser: invalid choice: 'kimi_k25' (choose from 'auto', ")
+    assert "did you mean 'kimi_k2'" in error["message"]
+    assert any(f.endswith("function_call/parser_names.py") for f in out["source_files"])
+    assert out["given_unchecked"] == [{
+        "flag": "--context-length", "option": "--context-length",
+        "why": "SGLang converts the value with human_readable_int, which preflight does not run",
+        "message": "--context-length (SGLang converts the value with human_readable_int, which preflight does "
+                   "not run)"}]
+    assert out["options_unchecked"] == ["--context-length"]
+    rc, out = run_main({"package_dir": pkg, "launch_args": dict(args, **{"tool-call-parser": "kimi_k2"})}, capsys)
+    assert out["valid"] is True, out["errors"]
+
+
+@pytest.mark.realrelease
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.12.post1"])
+def test_nextn_passes_preflight_on_0_5_12(version, capsys):
+    pkg = str(sglang_package_dir(version))
+    rc, out = run_main({"package_dir": pkg, "launch_args": dict(EAGLE3, **{"speculative-algorithm": "NEXTN"})},
+                       capsys)
+    assert out["valid"] is True, out["errors"]
+    assert out["given_unchecked"] == []
+
+
+DYNAMIC_CHOICES = textwrap.dedent('''\
+    import argparse
+
+    BACKENDS = ["triton", "fa3"]
+
+    def add_backend_choices(choices):
+        BACKENDS.extend(choices)
+
+    class ServerArgs:
+        @staticmethod
+        def add_cli_args(parser):
+            parser.add_argument("--model-path", type=str, required=True)
+            parser.add_argument("--attention-backend", choices=BACKENDS)
+            parser.add_argument("--hook", choices=list(load_hooks()))
+    ''')
+
+
+def test_given_unchecked_names_the_flag_whose_choices_are_dynamic(tmp_path, capsys):
+    pkg = fake_release(tmp_path, DYNAMIC_CHOICES)
+    args = {"model-path": "/m", "hook": "mine", "attention-backend": "fa3"}
+    rc, out = run_main({"package_dir": str(pkg), "launch_args": args}, capsys)
+    assert rc == 0 and out["valid"] is True, out["errors"]
+    assert out["given_unchecked"] == [{
+        "flag": "--hook", "option": "--hook", "why": "choices computed at run time (list(load_hooks()))",
+        "message": "--hook (choices computed at run time (list(load_hooks())))"}]
+    assert out["options_unchecked"] == ["--hook"]
+
+
+def test_extra_choices_accept_a_name_a_plugin_adds(tmp_path, capsys):
+    pkg = fake_release(tmp_path, DYNAMIC_CHOICES)
+    args = {"model-path": "/m", "attention-backend": "npu_attn"}
+    rc, out = run_main({"package_dir": str(pkg), "launch_args": args}, capsys)
+    assert out["valid"] is False
+    assert "add_backend_choices() (srt/server_args.py)" in out["errors"][0]["message"]
+    rc, out = run_main({"package_dir": str(pkg), "launch_args": args,
+                        "extra_choices": {"attention-backend": ["npu_attn"]}}, capsys)
+    assert out["valid"] is True, out["errors"]
+    assert out["argv"] == ["--model-path", "/m", "--attention-backend", "npu_attn"]
