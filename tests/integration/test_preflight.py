@@ -185,8 +185,9 @@ def test_port_held_by_a_stray_listener_fails_that_host_only(fleet):
     assert all(oks[h][0] == "runner_on_ok" for h in hosts[1:])
 
 
-# engine.py of the installed release with the anchor statement replaced: what a future release that moved it
-# would look like. Written on each host by its own interpreter (sglang located without importing it).
+# engine.py of the installed release with its start-method call moved into a branch: a shape the patch refuses (the
+# block would run only on some paths), as a future release might write it. The patch must refuse it naming the file
+# and the line, in preflight, before anything is stopped.
 NOANCHOR = "/tmp/gpufleet-preflight-noanchor-engine.py"
 NOANCHOR_SCRIPT = (
     "import importlib.util, os, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
@@ -194,11 +195,11 @@ NOANCHOR_SCRIPT = (
     "src = open(os.path.join(d, 'srt', 'entrypoints', 'engine.py')).read(); "
     "anchor = 'mp.set_start_method(' + chr(34) + 'spawn' + chr(34) + ', force=True)'; "
     "assert src.count(anchor) == 1; "
-    "open(sys.argv[1], 'w').write(src.replace(anchor, 'pass'))")
+    "open(sys.argv[1], 'w').write(src.replace(anchor, 'if server_args:' + chr(10) + ' ' * 8 + anchor))")
 
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
-def test_missing_nccl_anchor_fails_naming_the_file(fleet):
+def test_start_method_call_in_a_branch_fails_naming_the_file_and_line(fleet):
     hosts = sorted(fleet.hosts)
     for host in hosts:
         fleet.exec(host, [fleet.host_vars(host)["sglang_python"], "-c", NOANCHOR_SCRIPT, NOANCHOR])
@@ -208,7 +209,8 @@ def test_missing_nccl_anchor_fails_naming_the_file(fleet):
     assert sorted(messages) == hosts
     for text in messages.values():
         assert "NCCL patch would fail" in text and NOANCHOR in text
-        assert 'mp.set_start_method("spawn", force=True)' in text
+        assert re.search(r"mp\.set_start_method\(\.\.\.\) on line \d+ is not a statement of its own", text), text
+        assert "part of the if statement on line" in text and "No file was changed" in text
     for res in module_results(runner, "sglang_nccl_patch").values():
         assert res["changed"] is False
     assert_nothing_changed(runner)
@@ -449,6 +451,33 @@ def test_nccl_values_nccl_would_refuse_or_misread_refuse_the_host_and_engine_py_
         "NCCL_P2P_LEVEL='nvl'", "NCCL_BUFFSIZE='4M'", "sglang_nccl_env_unchecked")
     assert "NCCL_IB_HCA" not in text  # free text, not checked
     assert fleet.exec(host, ["sha256sum", engine], check=True).stdout == before
+
+
+@pytest.mark.lab_only_once
+def test_what_sglang_would_undo_or_refuse_after_the_stop_is_refused_before_it(fleet, serving):
+    """Deterministic inference with tp 8 beside the seed's NCCL_ALGO/NCCL_MAX_NCHANNELS (the patch would undo what
+    SGLang sets for the flag), and a tool-call parser 0.5.23 does not know (argparse refuses it at launch): both are
+    named in one refusal, the old server keeps serving and engine.py is untouched. Named as overrides, with the
+    real parser name, preflight passes."""
+    host, pids = serving
+    engine = entrypoints_dir(fleet, host) + "/engine.py"
+    before = fleet.exec(host, ["sha256sum", engine], check=True).stdout
+    args = dict(fleet.host_vars(host)["sglang_launch_args"],
+                **{"enable-deterministic-inference": True, "tool-call-parser": "kimi_k25"})
+    assert fleet.group_vars["sglang_nccl_env"]["NCCL_ALGO"] == "Ring"
+    runner = fleet.run_playbook(RESTART, limit=host, extravars={"sglang_launch_args": args})
+    text = assert_refused_and_still_serving(
+        fleet, runner, host, pids,
+        "sglang_nccl_env would undo what --enable-deterministic-inference with tp-size 8 makes SGLang set on purpose",
+        "NCCL_ALGO=allreduce:tree", "srt/arg_groups/attention_hook.py", "sglang_nccl_env_overrides",
+        "invalid choice: 'kimi_k25'", "did you mean 'kimi_k2'")
+    assert "NCCL_MAX_NCHANNELS" in text
+    assert fleet.exec(host, ["sha256sum", engine], check=True).stdout == before
+    allowed = fleet.run_playbook(RESTART, limit=host, tags="preflight", extravars={
+        "sglang_launch_args": dict(args, **{"tool-call-parser": "kimi_k2"}),
+        "sglang_nccl_env_overrides": ["NCCL_ALGO", "NCCL_MAX_NCHANNELS"]})
+    assert allowed.status == "successful", verdict_messages(allowed)
+    assert sglang_pids(fleet, host) == pids
 
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
