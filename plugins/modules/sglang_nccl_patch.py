@@ -23,7 +23,7 @@ description:
     C(sglang/srt/entrypoints/engine.py) from 0.4.1.post7, C(sglang/srt/server.py) up to 0.4.1.post6 (0.4.1.post7
     to 0.4.5 ship a C(server.py) that only re-exports, and is skipped), and, on SGLang's development branch after
     0.5.23, also C(sglang/srt/entrypoints/worker_launch.py), whose copy runs instead of engine.py's when
-    C(SGLANG_PRESPAWN_WORKERS=1). The search costs about 50-250 ms on 0.5.23's 4,717 files (RV(scan)).
+    C(SGLANG_PRESPAWN_WORKERS=1). The search adds about 100 ms on 0.5.23's 4,717 files (RV(scan)).
   - The module refuses, naming the file and line and changing no file, a function whose shape is ambiguous (two
     such statements, one nested in a branch, loop, C(with) or C(try), or a C(return) before the insertion point).
   - Every file gets the same guarantees; all are planned and compiled before the first is written, and when a
