@@ -589,3 +589,20 @@ def test_a_failed_write_of_the_second_file_puts_the_first_back(tmp_path, capsys,
     # The failure result says what the files hold now and where the copies are (a rollback finds nothing to do).
     assert [f["sha256"] for f in result["files"]] == [hashlib.sha256(o).hexdigest() for o in originals]
     assert result["files"][0]["previous_file"] == str(prev / "srt.entrypoints.engine.py.prev")
+
+
+def test_every_changed_file_gets_its_own_backup_and_stale_bytecode_removed(tmp_path, capsys, monkeypatch):
+    engine, worker = make_two_file_tree(tmp_path)
+    originals = engine.read_bytes(), worker.read_bytes()
+    cache = engine.parent / "__pycache__"
+    cache.mkdir()
+    for stem in ("engine", "worker_launch"):
+        (cache / ("%s.cpython-311.pyc" % stem)).write_bytes(b"old")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    result = run_main(capsys, {"python": sys.executable, "env": ENV, "backup": True})
+    assert result["backup_file"] == result["files"][0]["backup_file"]
+    for original, entry in zip(originals, result["files"]):
+        assert os.path.dirname(entry["backup_file"]) == str(engine.parent)
+        with open(entry["backup_file"], "rb") as handle:
+            assert handle.read() == original
+    assert list(cache.iterdir()) == []
