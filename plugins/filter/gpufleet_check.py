@@ -239,6 +239,20 @@ def _block_state(entry):
     return "missing" if entry.get("block") == "none" else "differs"
 
 
+def worker_difference(worker):
+    """What one worker's environment lacks or holds otherwise (str): "missing NCCL_PROTO; NCCL_ALGO=Tree, expected
+    Ring"."""
+    parts = []
+    if worker.get("missing"):
+        parts.append("missing " + ",".join(worker["missing"]))
+    for name, seen in sorted((worker.get("mismatched") or {}).items()):
+        if isinstance(seen, dict):
+            parts.append("%s=%s, expected %s" % (name, seen.get("actual"), seen.get("expected")))
+        else:
+            parts.append("%s differs" % name)
+    return "; ".join(parts) or worker.get("error") or "?"
+
+
 def _block_difference(entry, wanted):
     """Which variables the file's block holds otherwise than ``wanted`` (str, short)."""
     have = entry.get("block_env") or {}
@@ -324,16 +338,21 @@ def sglang_reasons(s, config=None):
     present = s.get("patch_present")
     files = []
     if _ran(present):
-        files = [f for f in (present.get("files") or []) if isinstance(f, dict)]
-        if present.get("failed") or "changed" not in present or present.get("msg") or not files:
+        entries = [f for f in (present.get("files") or []) if isinstance(f, dict)]
+        # A file the patch refuses (an ambiguous shape) carries only "error"; the others are still judged.
+        files = [f for f in entries if "changed" in f]
+        refused = [f for f in entries if "error" in f]
+        if not files and (present.get("failed") or "changed" not in present or present.get("msg")):
             summary["nccl_block"] = "unknown"
             reasons.append(_reason("WARN", "nccl_check_failed", "NCCL block not checkable: %s"
                                    % str(present.get("msg") or "?").splitlines()[0][:300]))
         else:
             summary["nccl_files"] = {_file_label(f): _block_state(f) for f in files}
+            summary["nccl_files"].update((_file_label(f), "unknown") for f in refused)
             missing = [f for f in files if _block_state(f) == "missing"]
             differs = [f for f in files if _block_state(f) == "differs"]
-            summary["nccl_block"] = "missing" if missing else "differs" if differs else "present"
+            summary["nccl_block"] = ("missing" if missing else "differs" if differs
+                                     else "unknown" if refused else "present")
             if missing:
                 reasons.append(_reason("CRIT", "nccl_block_missing", "the NCCL block is missing from %s (a reinstall "
                                        "of sglang removes it): run playbooks/patch.yml, then playbooks/restart.yml"
@@ -343,6 +362,9 @@ def sglang_reasons(s, config=None):
                                        "sglang_nccl_env's values (%s): run playbooks/patch.yml, then "
                                        "playbooks/restart.yml" % (", ".join(f.get("path") or "?" for f in differs),
                                                                   _block_difference(differs[0], present.get("env")))))
+            for entry in refused:
+                reasons.append(_reason("WARN", "nccl_check_failed", "NCCL block not checkable in %s: %s"
+                                       % (entry.get("path"), str(entry.get("error") or "?").splitlines()[0][:300])))
     workers = s.get("workers")
     if _ran(workers) and "workers" in workers:
         listed = workers.get("workers") or []
@@ -350,9 +372,7 @@ def sglang_reasons(s, config=None):
         summary["workers"] = len(listed)
         summary["workers_nccl_ok"] = len(listed) - len(bad)
         if bad:
-            names = ", ".join("%s (missing %s)" % (w.get("title"), ",".join(w.get("missing") or []) or
-                                                   ",".join(sorted(w.get("mismatched") or {})) or w.get("error", "?"))
-                              for w in bad[:4])
+            names = ", ".join("%s (%s)" % (w.get("title"), worker_difference(w)) for w in bad[:4])
             reasons.append(_reason("CRIT", "nccl_worker_env", "%d of %d worker(s) lack the NCCL values: %s; "
                                    "restart with playbooks/restart.yml" % (len(bad), len(listed), names[:400])))
     # A patched file newer than the running server: the workers run with the block it had at the start.
@@ -368,7 +388,7 @@ def sglang_reasons(s, config=None):
         if changed_after and summary.get("nccl_block") in (None, "present", "unknown"):
             reasons.append(_reason("WARN", "restart_needed", "%s changed after the server started: restart "
                                    "(playbooks/restart.yml) so the workers get the current NCCL block"
-                                   % " and ".join(_file_label(f) for f in changed_after)))
+                                   % " and ".join(f.get("path") or "?" for f in changed_after)))
     return reasons, summary, running
 
 

@@ -8,6 +8,8 @@ tests/unit/test_filter_gpufleet_patch.py; nothing here touches a host.
 - ``gpufleet_patch_kept(files)`` -> list: the module's RV ``files`` entries that have a rollback copy, as
   ``{path, previous_file, sha256}`` (``sglang_nccl_patch_previous.files``).
 - ``gpufleet_patch_record(files)`` -> list: ``{path, sha256}`` of each patched file, for the launch record.
+- ``gpufleet_rollback_serves(workers, recorded)`` -> str: what the host serves after the rollback relaunched the
+  recorded launch: "the previous configuration" only when the relaunched workers carry the recorded NCCL values.
 - ``gpufleet_patch_restore(stat_results)`` -> dict: from the rollback's ``stat`` of each kept file (a loop over
   ``sglang_nccl_patch_previous.files``), ``restore`` (the kept entries whose file differs from its copy) and
   ``note`` (one sentence saying what the rollback did to each file).
@@ -17,8 +19,9 @@ from __future__ import annotations
 import os
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_check import worker_difference
 
-NOT_CHANGED = "engine.py not changed by this run"
+NOT_CHANGED = "no file changed by this run's NCCL patch"
 
 
 def gpufleet_patch_kept(files):
@@ -80,6 +83,39 @@ def gpufleet_patch_restore(stat_results):
     return {"restore": restore, "note": "; ".join(parts)}
 
 
+def gpufleet_rollback_serves(workers, recorded):
+    """What the host serves once the rollback's relaunch answers, in the words of its note (str, no final stop).
+
+    ``workers``: the ``sglang_worker_env_info`` result for the relaunched server (expected: the recorded NCCL
+    values), or a skipped/failed result. ``recorded``: the launch record (its ``nccl_env``: the values verify checked
+    when that launch was recorded; records written before it have none).
+    "The previous configuration" is said only when every worker carries those values: the argv and environment
+    come back from the record, but the NCCL block comes from the patched files, which a reinstall or upgrade of
+    sglang since the record replaces.
+    """
+    recorded = recorded if isinstance(recorded, dict) else {}
+    workers = workers if isinstance(workers, dict) else {}
+    if "nccl_env" not in recorded:
+        return ("the host serves the previous argv and environment (the launch record predates its NCCL values, so "
+                "its workers were not checked against them)")
+    if not recorded["nccl_env"]:
+        return "the host serves the previous configuration"
+    listed = workers.get("workers")
+    if workers.get("skipped") or not isinstance(listed, list) or workers.get("msg") and not listed:
+        return ("the host serves the previous argv and environment; its workers' NCCL values could not be read%s"
+                % ((" (%s)" % str(workers.get("msg")).splitlines()[0][:200]) if workers.get("msg") else ""))
+    bad = [w for w in listed if isinstance(w, dict) and not w.get("match")]
+    if not bad and listed:
+        return ("the host serves the previous configuration (its %d workers carry the recorded NCCL values)"
+                % len(listed))
+    if not listed:
+        return "the host serves the previous argv and environment; no GPU worker was found to check"
+    return ("the host serves the previous argv and environment, but not the previous NCCL values: %d of %d workers "
+            "lack them (%s). A file of the NCCL patch changed since that launch was recorded (a reinstall or upgrade "
+            "of sglang?): run playbooks/patch.yml, then playbooks/restart.yml"
+            % (len(bad), len(listed), "; ".join("%s: %s" % (w.get("title"), worker_difference(w)) for w in bad[:2])))
+
+
 class FilterModule(object):
     """gpufleet NCCL patch filters."""
 
@@ -88,4 +124,5 @@ class FilterModule(object):
             "gpufleet_patch_kept": gpufleet_patch_kept,
             "gpufleet_patch_record": gpufleet_patch_record,
             "gpufleet_patch_restore": gpufleet_patch_restore,
+            "gpufleet_rollback_serves": gpufleet_rollback_serves,
         }

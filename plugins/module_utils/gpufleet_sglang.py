@@ -41,6 +41,7 @@ import glob
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -51,6 +52,8 @@ FUNCTION_NAME = "_set_envs_and_config"
 PRIMARY_FILES = ("srt/entrypoints/engine.py", "srt/server.py")
 CANDIDATE_FILES = PRIMARY_FILES  # the name of earlier releases of this module
 START_METHOD = "set_start_method"
+# A file can define the function only if its bytes hold this (the text pre-filter before ast).
+_DEF_RE = re.compile(rb"\bdef\s+" + FUNCTION_NAME.encode("ascii") + rb"\b")
 # How the anchor statement is named in messages; it is matched by structure, whatever its arguments.
 ANCHOR_TEXT = "mp.set_start_method(...)"
 # Marker lines of the block the sglang_nccl_patch module inserts (preflight can tell a patched file by them).
@@ -228,8 +231,15 @@ def _file_order(package_dir, path):
     return (PRIMARY_FILES.index(rel), "") if rel in PRIMARY_FILES else (len(PRIMARY_FILES), rel)
 
 
+# Folders of the package the search does not enter: byte-code caches, hidden folders, and SGLang's own test helpers
+# (``sglang/test/``, shipped in the wheel, never run by a server: a stub ``_set_envs_and_config`` there must neither
+# be patched nor block the patch).
+SKIPPED_DIRS = ("__pycache__", "test", "tests")
+
+
 def _python_files(package_dir):
-    """Every ``*.py`` file under ``package_dir`` (str paths), ``__pycache__`` and hidden folders skipped."""
+    """Every ``*.py`` file under ``package_dir`` (str paths), folders in :data:`SKIPPED_DIRS` and hidden ones left
+    out; a symbolic link to a file counts (an editable install may link files), links to folders are not entered."""
     stack = [package_dir]
     while stack:
         directory = stack.pop()
@@ -241,7 +251,7 @@ def _python_files(package_dir):
             name = entry.name
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    if name != "__pycache__" and not name.startswith("."):
+                    if name not in SKIPPED_DIRS and not name.startswith("."):
                         stack.append(entry.path)
                 elif name.endswith(".py") and entry.is_file():
                     yield entry.path
@@ -270,14 +280,15 @@ def _read_bytes(path, chunk=1 << 20):
 def find_set_envs_files(package_dir, stats=None):
     """Every file in ``package_dir`` that defines ``_set_envs_and_config`` at module level (list of str paths).
 
-    The whole package is searched: a file is parsed only when the function's name occurs in its bytes (a
-    re-exporting shim names it too, and is left out once parsed). :data:`PRIMARY_FILES` come first, then the
-    others by relative path. ``stats`` (a dict, optional) receives ``files_scanned``, ``files_parsed`` and
+    The whole package is searched (but :data:`SKIPPED_DIRS`): a file is parsed only when its bytes hold
+    ``def _set_envs_and_config`` (a re-exporting shim or a caller names it too, and is left out). A symbolic link
+    is followed to the file it names (that file is the one patched, once). :data:`PRIMARY_FILES` come first, then
+    the others by relative path. ``stats`` (a dict, optional) receives ``files_scanned``, ``files_parsed`` and
     ``scan_ms``.
 
     Raises :class:`SGLangLocateError` when no file defines it (naming what was found), or when a file that
-    names the function cannot be parsed (it may be the one that defines it: patching the others only would
-    leave that copy's workers without the values).
+    seems to define it cannot be parsed (patching the others only would leave that copy's workers without the
+    values).
     """
     started = time.monotonic()
     needle = FUNCTION_NAME.encode("ascii")
@@ -289,27 +300,37 @@ def find_set_envs_files(package_dir, stats=None):
         if data is not None and needle in data:
             mentions.append((path, data))
     found, unparsable, names_only = [], [], []
+    parsed = 0
     for path, data in mentions:
+        if not _DEF_RE.search(data):
+            names_only.append(path)
+            continue
+        parsed += 1
         try:
             if defines_function(data, filename=path):
-                found.append(path)
+                real = os.path.realpath(path)
+                if real not in found:
+                    found.append(real)
             else:
                 names_only.append(path)
         except (SyntaxError, ValueError) as exc:
             unparsable.append("%s (%s)" % (path, exc))
     if stats is not None:
-        stats.update(files_scanned=scanned, files_parsed=len(mentions),
+        stats.update(files_scanned=scanned, files_parsed=parsed,
                      scan_ms=round((time.monotonic() - started) * 1000.0, 1))
     if unparsable:
-        raise SGLangLocateError("cannot parse %s with Python %s: each names %s() and may define it. Run the module "
-                                "with ansible_python_interpreter set to the SGLang virtualenv's python"
-                                % ("; ".join(unparsable), ".".join(map(str, sys.version_info[:3])), FUNCTION_NAME))
+        raise SGLangLocateError("cannot parse %s with the Python that runs this module (%s, %s): each seems to "
+                                "define %s() and may be a copy the server runs. A file written for a newer Python "
+                                "needs the module run by the SGLang virtualenv's python (ansible_python_interpreter)"
+                                % ("; ".join(unparsable), sys.executable, ".".join(map(str, sys.version_info[:3])),
+                                   FUNCTION_NAME))
     if not found:
         version, _ = read_sglang_version(package_dir)
         raise SGLangLocateError("no file of sglang %s defines %s() at module level; searched %d .py files under %s%s"
                                 % (version or "(version unknown)", FUNCTION_NAME, scanned, package_dir,
                                    ("; these only name it: " + ", ".join(sorted(names_only))) if names_only else ""))
-    return sorted(found, key=lambda path: _file_order(package_dir, path))
+    real_package = os.path.realpath(package_dir)
+    return sorted(found, key=lambda path: _file_order(real_package, path))
 
 
 def find_set_envs_file(package_dir):

@@ -1230,8 +1230,8 @@ def _check_value(option, text, extra=()):
                 text, ", ".join(repr(c) for c in choices), did_you_mean(text, choices, quote=True))
             if option.get("choices_note"):
                 message += " (these are the names in the release's source; %s: a name added that way is " \
-                           "not visible here, and the module option extra_choices accepts it)" \
-                           % option["choices_note"]
+                           "not visible here; list it in sglang_preflight_extra_choices, module option " \
+                           "extra_choices)" % option["choices_note"]
             return message
     return None
 
@@ -1292,7 +1292,7 @@ def check_launch_args(options, launch_args, host=None, port=None, allow_abbrev=T
         flag = "--" + str(key).lstrip("-")
         _canonical, option, message = resolve_flag(flag, index, allow_abbrev)
         if option is None:
-            add_error(flag, "extra_choices: %s" % message)
+            add_error(flag, "sglang_preflight_extra_choices (module option extra_choices): %s" % message)
             continue
         extra_by_dest.setdefault(option["dest"], set()).update(str(v) for v in (extra_values or []))
 

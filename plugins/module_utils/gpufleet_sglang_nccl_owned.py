@@ -401,7 +401,7 @@ def _show(items):
     return ", ".join("%s=%s" % (name, value) for name, value in items)
 
 
-def nccl_conflicts(sglang_version, launch_args, nccl_env, overrides=(), resolved=None):
+def nccl_conflicts(sglang_version, launch_args, nccl_env, overrides=(), resolved=None, server_env=None):
     """The variables of ``nccl_env`` that would replace a value SGLang sets on purpose for this launch.
 
     ``sglang_version``: the installed release (str; a dev build, or None when unknown: the newest surveyed rules
@@ -411,7 +411,9 @@ def nccl_conflicts(sglang_version, launch_args, nccl_env, overrides=(), resolved
     release resolved each key to (module ``sglang_server_args_info``'s ``resolved``), which wins over this module's
     own reading of the key (see :func:`launch_view`).
     ``nccl_env``: the inventory's ``sglang_nccl_env``. ``overrides``: names whose value replaces SGLang's on purpose
-    (``sglang_nccl_env_overrides``).
+    (``sglang_nccl_env_overrides``; a comma-separated string counts as a list; any other type gives one entry whose
+    message says so, and nothing else is judged). ``server_env``: the rest of the server's environment
+    (``sglang_launch_extra_env``), read for what SGLang takes from it (``SGLANG_DETERMINISTIC_NCCL_NCHANNELS``).
 
     Returns a list of dicts, one per rule the launch triggers with at least one differing variable: ``flag``,
     ``condition`` (what triggers it, e.g. ``--enable-deterministic-inference with tp-size 8``), ``variables`` (names
@@ -422,11 +424,15 @@ def nccl_conflicts(sglang_version, launch_args, nccl_env, overrides=(), resolved
     """
     if not isinstance(nccl_env, Mapping) or not nccl_env:
         return []
-    if isinstance(overrides, str):
-        overrides = [overrides]
-    allowed = {str(name).strip() for name in (overrides or ())}
+    allowed, problem = override_names(overrides)
+    if problem:
+        return [{"flag": None, "condition": None, "variables": [], "sglang_sets": {}, "yours": {}, "where": None,
+                 "rules_from": None, "message": problem}]
     env = {str(k): v for k, v in nccl_env.items()}
-    view = launch_view(launch_args, env, resolved)
+    # What SGLang reads at start (its EnvBool switches, SGLANG_DETERMINISTIC_NCCL_NCHANNELS): the server's whole
+    # environment, sglang_nccl_env over sglang_launch_extra_env, as the launch renders it.
+    seen = dict(((str(k), v) for k, v in (server_env or {}).items()), **env) if isinstance(server_env, Mapping) else env
+    view = launch_view(launch_args, seen, resolved)
     release, note = rules_release(sglang_version)
     present = writes_for(release)
     conflicts = []
@@ -440,15 +446,35 @@ def nccl_conflicts(sglang_version, launch_args, nccl_env, overrides=(), resolved
             name = write["variable"]
             if name not in env or name in allowed or name in differing:
                 continue
-            value = _sglang_value(write, env)
+            value = _sglang_value(write, seen)
             if value is not None and _same(env[name], value):
                 continue
             differing[name] = write
             cited, line = _cite(write, release)
             where.setdefault((cited, write["file"]), []).append(str(line))
         if differing:
-            conflicts.append(_conflict(decision, purpose, differing, env, where, release, note))
+            conflicts.append(_conflict(decision, purpose, differing, seen, where, release, note))
+    unused = sorted(name for name in allowed if name not in env)
+    if conflicts and unused:
+        # A misspelt override lets nothing through: say so where the refusal tells the user to list the names.
+        for conflict in conflicts:
+            conflict["message"] += "; %s names %s, which sglang_nccl_env does not set" % (
+                OVERRIDES_VAR, ", ".join(unused))
     return conflicts
+
+
+def override_names(overrides):
+    """``(names, problem)``: the set of names in ``sglang_nccl_env_overrides`` and None, or an empty set and a
+    message when it is not a list of names. A string is a comma-separated list (as Ansible's ``list`` type reads
+    ``-e sglang_nccl_env_overrides=NCCL_ALGO,NCCL_MAX_NCHANNELS``)."""
+    if overrides is None:
+        return set(), None
+    if isinstance(overrides, str):
+        overrides = overrides.split(",")
+    if isinstance(overrides, (list, tuple)) and all(isinstance(name, str) for name in overrides):
+        return {name.strip() for name in overrides if name.strip()}, None
+    return set(), ("%s must be a list of variable names of sglang_nccl_env (e.g. [NCCL_ALGO]), got %s %r"
+                   % (OVERRIDES_VAR, type(overrides).__name__, overrides))
 
 
 def _conflict(decision, purpose, differing, env, where, release, note):

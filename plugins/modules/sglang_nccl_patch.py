@@ -201,7 +201,8 @@ paths:
            /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/worker_launch.py]
 files:
   description:
-    - One entry per file of RV(paths), in that order; empty when the module failed before reading them.
+    - One entry per file of RV(paths), in that order; empty when the module failed before reading them (a bad
+      O(env), no sglang found).
   returned: always
   type: list
   elements: dict
@@ -247,6 +248,12 @@ files:
       type: str
     previous_sha256:
       description: Hex SHA-256 of the bytes in RV(files[].previous_file) (in check mode of the file's bytes now), or null.
+      type: str
+    error:
+      description:
+        - Only in a failure result, for a file the module refuses (an ambiguous shape, unreadable), what is wrong;
+          such an entry has only C(path), C(relative) and C(error). The other files' entries are complete, so a
+          caller can still judge them; no file was changed.
       type: str
 scan:
   description:
@@ -568,45 +575,59 @@ def previous_name(package_dir, path):
     """File name of ``path``'s rollback copy in ``previous_dir``: its path inside the sglang package with dots,
     e.g. ``srt.entrypoints.engine.py.prev`` (unique per file, readable in a listing)."""
     if package_dir:
-        rel = os.path.relpath(path, package_dir)
+        rel = os.path.relpath(path, os.path.realpath(package_dir))
         if not rel.startswith(".."):
             return rel.replace(os.sep, ".") + ".prev"
     return os.path.basename(path) + ".prev"
 
 
-def plan_files(found, items, state):
-    """Read and plan every file in ``found['paths']``; nothing is written. Returns a list of dicts (one per file):
-    ``path``, ``relative``, ``raw`` (bytes now), ``text``, ``plan`` (:func:`plan_patch`), ``data`` (bytes after),
-    ``block`` (``none``/``same``/``other``: what the file holds now against ``items``), ``block_env``, ``mtime``.
-    Raises PatchError (with ``.path``) or SGLangLocateError/SyntaxError (with ``.path`` set) naming the file."""
-    planned = []
+def plan_files(found, items, state, release="sglang version unknown"):
+    """Read and plan every file in ``found['paths']``; nothing is written.
+
+    Returns ``(planned, refused)``. ``planned``: one dict per file that can be patched: ``path``, ``relative``,
+    ``raw`` (bytes now), ``text``, ``plan`` (:func:`plan_patch`), ``data`` (bytes after), ``block``
+    (``none``/``same``/``other``: what the file holds now against ``items``), ``block_env``, ``mtime``.
+    ``refused``: one dict per file that cannot (``path``, ``relative``, ``error``: what is wrong and what to do).
+    Every file is planned even after one is refused, so a caller can still judge the others (check.yml).
+    """
+    planned, refused = [], []
+    package_dir = found.get("package_dir")
     for path in found["paths"]:
+        relative = os.path.relpath(path, os.path.realpath(package_dir)).replace(os.sep, "/") if package_dir else None
+        relative = None if relative is None or relative.startswith("..") else relative
         try:
             with open(path, "rb") as handle:
                 raw = handle.read()
             mtime = os.stat(path).st_mtime
         except (IOError, OSError) as exc:
-            error = PatchError("cannot read %s: %s" % (path, exc))
-            error.path = path
-            raise error
+            refused.append({"path": path, "relative": relative, "error": "cannot read %s: %s" % (path, exc)})
+            continue
         # surrogateescape keeps any byte sequence, so unchanged parts are written back byte for byte.
         text = raw.decode("utf-8", "surrogateescape")
         try:
             plan = plan_patch(text, items, state, filename=path)
             block_env = read_block_env(text)
-        except (PatchError, SGLangLocateError, SyntaxError) as exc:
-            exc.path = path
-            raise
-        after = plan["after"]
-        package_dir = found.get("package_dir")
+        except SGLangLocateError as exc:
+            refused.append({"path": path, "relative": relative, "error": (
+                "cannot patch %s (%s): %s. This shape of %s() is new to this module version (it puts the block "
+                "before the function's %s statement, or at the end of its body when there is none)"
+                % (path, release, exc, FUNCTION_NAME, ANCHOR_TEXT))})
+            continue
+        except PatchError as exc:
+            refused.append({"path": path, "relative": relative, "error": "cannot patch %s (%s): %s" % (path, release, exc)})
+            continue
+        except SyntaxError as exc:
+            refused.append({"path": path, "relative": relative, "error": (
+                "cannot parse %s (%s) with Python at %s: %s. Run the module with ansible_python_interpreter set to "
+                "the SGLang virtualenv's python" % (path, release, sys.executable, exc))})
+            continue
         planned.append({
-            "path": path, "raw": raw, "text": text, "plan": plan, "mtime": mtime,
-            "relative": os.path.relpath(path, package_dir).replace(os.sep, "/") if package_dir else None,
-            "data": after.encode("utf-8", "surrogateescape"),
+            "path": path, "raw": raw, "text": text, "plan": plan, "mtime": mtime, "relative": relative,
+            "data": plan["after"].encode("utf-8", "surrogateescape"),
             "block_env": block_env,
             "block": "none" if block_env is None else ("same" if block_env == dict(items) else "other"),
         })
-    return planned
+    return planned, refused
 
 
 def file_result(entry, written, check_mode):
@@ -666,19 +687,15 @@ def run_module():
                   version_source=found["version_source"], scan=found.get("scan"))
     release = "sglang %s" % (version or "version unknown")
 
-    try:
-        planned = plan_files(found, items, params["state"])
-    except SGLangLocateError as exc:
-        module.fail_json(msg="cannot patch %s (%s): %s. No file was changed; this shape of %s() is new to this "
-                             "module version (it puts the block before the function's %s statement, or at the end "
-                             "of its body when there is none)." % (exc.path, release, exc, FUNCTION_NAME,
-                                                                    ANCHOR_TEXT), **result)
-    except PatchError as exc:
-        module.fail_json(msg="cannot patch %s (%s): %s. No file was changed." % (exc.path, release, exc), **result)
-    except SyntaxError as exc:
-        module.fail_json(msg="cannot parse %s (%s) with Python at %s: %s. Run the module with "
-                             "ansible_python_interpreter set to the SGLang virtualenv's python."
-                             % (exc.path, release, sys.executable, exc), **result)
+    planned, refused = plan_files(found, items, params["state"], release)
+    if refused:
+        # Every file is judged (check.yml reads the others' blocks from this failure), none is written.
+        judged = dict((e["path"], file_result(e, False, module.check_mode)) for e in planned)
+        judged.update((r["path"], r) for r in refused)
+        result["files"] = [judged[path] for path in found["paths"]]
+        module.fail_json(msg="%s.%s No file was changed." % (
+            refused[0]["error"], (" %d more file(s) refused: %s." % (len(refused) - 1, ", ".join(
+                r["path"] for r in refused[1:]))) if len(refused) > 1 else ""), **result)
 
     changing = [entry for entry in planned if entry["plan"]["changed"]]
     first = planned[0]

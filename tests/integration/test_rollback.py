@@ -519,6 +519,8 @@ def test_prespawn_copy_is_patched_verified_and_put_back_with_engine_py(lab):
         upstream = handle.read()
     lab.exec(host, ["sh", "-c", 'cat > "$0"', worker], input=upstream.decode("utf-8"), check=True)
     prespawn = dict(changed_config(lab, host), sglang_launch_extra_env={"SPT_NOENV": "1", "SGLANG_PRESPAWN_WORKERS": "1"})
+    # SGLang's function sets CUDA_DEVICE_MAX_CONNECTIONS=8 itself: only a patched worker_launch.py gives the workers 1.
+    prespawn["sglang_nccl_env"] = dict(prespawn["sglang_nccl_env"], CUDA_DEVICE_MAX_CONNECTIONS="1")
     try:
         runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=prespawn)
         out = stdout_of(runner)
@@ -551,8 +553,25 @@ def test_prespawn_copy_is_patched_verified_and_put_back_with_engine_py(lab):
         rollback = facts(lab, failed, host, "_gpufleet_rollback")
         assert rollback["state"] == "rolled_back", rollback
         assert "engine.py and worker_launch.py restored to their bytes from before this run" in rollback["detail"]
+        assert "the host serves the previous configuration (its 8 workers carry the recorded NCCL values)" in \
+            rollback["detail"], rollback
         assert {path: file_sha(lab, host, path) for path in before} == before
         assert_serves_previous_launch(lab, host, before_pid, before[engine_path(lab, host)], record)
+
+        # sglang reinstalled since that launch was recorded: worker_launch.py is SGLang's own again. The same failed
+        # restart rolls back to the recorded argv and environment, but the workers run the unpatched copy: the note
+        # must not call that the previous configuration.
+        lab.exec(host, ["sh", "-c", 'cat > "$0"', worker], input=upstream.decode("utf-8"), check=True)
+        relaunched = server_pid(lab, host)
+        again = lab.run_playbook(PLAYBOOK, limit=host, extravars=bad)
+        assert again.status == "failed", stdout_of(again)[-4000:]
+        rollback = facts(lab, again, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        assert "previous configuration" not in rollback["detail"], rollback
+        assert "not the previous NCCL values" in rollback["detail"]
+        assert "CUDA_DEVICE_MAX_CONNECTIONS=8, expected 1" in rollback["detail"]
+        assert file_sha(lab, host, worker) == hashlib.sha256(upstream).hexdigest()
+        assert server_pid(lab, host) != relaunched and lab.wait_http(host, timeout_s=30) == 200
     finally:
         lab.clear_faults(host)
         lab.exec(host, ["rm", "-f", worker])

@@ -196,7 +196,7 @@ def test_every_patched_file_is_judged_and_named():
     g["patch_present"]["files"].append(_patched("srt/entrypoints/worker_launch.py", mtime=1990.0))
     r = verdict(g)
     assert codes(r) == {("WARN", "restart_needed", None)}
-    assert r["reasons"][0]["text"].startswith("srt/entrypoints/worker_launch.py changed after the server started")
+    assert r["reasons"][0]["text"].startswith("/x/sglang/srt/entrypoints/worker_launch.py changed after the server started")
 
 
 def test_worker_without_nccl_values_and_restart_needed():
@@ -312,3 +312,28 @@ def test_a_running_server_that_does_not_answer_yet_is_not_told_to_restart_at_onc
     g["started"] = {"skipped": True}
     [reason] = [x for x in verdict(g)["reasons"] if x["code"] == "sglang_not_serving"]
     assert reason["text"].endswith(": restart with playbooks/restart.yml") and "loading" not in reason["text"]
+
+
+def test_a_file_the_patch_refuses_does_not_hide_the_others():
+    # worker_launch.py with its start-method call in a branch: the module fails, but engine.py's state is in files.
+    g = healthy()
+    g["patch_present"] = {"failed": True, "changed": False, "msg": "cannot patch /x/sglang/srt/entrypoints/worker_launch.py",
+                          "env": {"NCCL_ALGO": "Ring"},
+                          "files": [_patched("srt/entrypoints/engine.py", changed=True, block="none"),
+                                    {"path": "/x/sglang/srt/entrypoints/worker_launch.py",
+                                     "relative": "srt/entrypoints/worker_launch.py",
+                                     "error": "cannot patch /x/sglang/srt/entrypoints/worker_launch.py: line 9 ..."}]}
+    r = verdict(g)
+    assert codes(r) == {("CRIT", "nccl_block_missing", None), ("WARN", "nccl_check_failed", None)}
+    assert r["verdict"] == "CRIT" and r["sglang"]["nccl_block"] == "missing"
+    assert r["sglang"]["nccl_files"] == {"srt/entrypoints/engine.py": "missing",
+                                         "srt/entrypoints/worker_launch.py": "unknown"}
+    [failed] = [x for x in r["reasons"] if x["code"] == "nccl_check_failed"]
+    assert failed["text"].startswith("NCCL block not checkable in /x/sglang/srt/entrypoints/worker_launch.py")
+
+
+def test_a_worker_with_another_value_is_said_to_hold_it_not_to_miss_it():
+    g = healthy()
+    g["workers"]["workers"][2].update(match=False, mismatched={"CUDA_DEVICE_MAX_CONNECTIONS": {"actual": "8", "expected": "1"}})
+    r = verdict(g)
+    assert "sglang::scheduler_TP2 (CUDA_DEVICE_MAX_CONNECTIONS=8, expected 1)" in r["reasons"][0]["text"]

@@ -7,6 +7,7 @@ from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_patch import (
     gpufleet_patch_kept,
     gpufleet_patch_record,
     gpufleet_patch_restore,
+    gpufleet_rollback_serves,
 )
 
 ENGINE = "/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py"
@@ -71,3 +72,34 @@ def test_equal_base_names_are_told_apart_by_their_paths():
     two = {"path": "/a/sglang/other/engine.py", "previous_file": "/p/2", "sha256": "2" * 64}
     out = gpufleet_patch_restore([stat_result(one, "0" * 64), stat_result(two, "0" * 64)])
     assert out["note"].startswith("/a/sglang/srt/engine.py and /a/sglang/other/engine.py restored")
+
+
+RECORD = {"nccl_env": {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "NCCL_ALGO": "Ring"}}
+
+
+def worker(rank, **over):
+    return dict({"pid": 100 + rank, "title": "sglang::scheduler_TP%d" % rank, "match": True, "missing": [],
+                 "mismatched": {}}, **over)
+
+
+def test_previous_configuration_only_when_every_worker_carries_the_recorded_values():
+    ok = {"workers": [worker(i) for i in range(8)], "all_match": True, "worker_count": 8}
+    assert gpufleet_rollback_serves(ok, RECORD) == \
+        "the host serves the previous configuration (its 8 workers carry the recorded NCCL values)"
+    # worker_launch.py reinstalled unpatched since the record: SGLang's own value wins in the relaunched workers.
+    drifted = {"workers": [worker(0, match=False, mismatched={"CUDA_DEVICE_MAX_CONNECTIONS": {"actual": "8",
+                                                                                               "expected": "1"}}),
+                           worker(1)], "all_match": False, "worker_count": 2}
+    text = gpufleet_rollback_serves(drifted, RECORD)
+    assert "previous configuration" not in text
+    assert text.startswith("the host serves the previous argv and environment, but not the previous NCCL values: "
+                           "1 of 2 workers lack them (sglang::scheduler_TP0: CUDA_DEVICE_MAX_CONNECTIONS=8, expected 1)")
+    assert "run playbooks/patch.yml, then playbooks/restart.yml" in text
+
+
+def test_unread_workers_or_an_old_record_make_no_claim_about_nccl_values():
+    assert "could not be read (no server)" in gpufleet_rollback_serves({"msg": "no server", "workers": []}, RECORD)
+    assert "could not be read" in gpufleet_rollback_serves({}, RECORD)
+    assert "predates its NCCL values" in gpufleet_rollback_serves({"skipped": True}, {"argv": []})
+    # No NCCL values were recorded (sglang_nccl_env empty): nothing to show, the configuration is the recorded one.
+    assert gpufleet_rollback_serves({"skipped": True}, {"nccl_env": {}}) == "the host serves the previous configuration"

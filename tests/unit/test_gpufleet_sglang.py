@@ -115,16 +115,45 @@ def test_every_defining_file_of_the_package_is_found_engine_first(tmp_path):
     assert find_set_envs_files(str(pkg), stats=stats) == [
         str(pkg / "srt" / "entrypoints" / "engine.py"), str(pkg / "srt" / "aaa" / "copy.py"),
         str(pkg / "srt" / "entrypoints" / "worker_launch.py")]
-    # Only the five files that mention the name are parsed; __pycache__ is not searched.
-    assert stats["files_scanned"] == 7 and stats["files_parsed"] == 5 and stats["scan_ms"] >= 0
+    # Only the three files whose bytes hold "def _set_envs_and_config" are parsed; __pycache__ is not searched.
+    assert stats["files_scanned"] == 7 and stats["files_parsed"] == 3 and stats["scan_ms"] >= 0
+
+
+def test_sglang_test_helpers_are_not_searched(tmp_path):
+    # sglang/test/ ships in the wheel and never runs in a server: a stub there must neither be patched nor block.
+    pkg = make_package(tmp_path, {"srt/entrypoints/engine.py": FUNCTION})
+    (pkg / "test").mkdir()
+    (pkg / "test" / "fake_envs_helper.py").write_text("def _set_envs_and_config(server_args): pass\n")
+    (pkg / "srt" / "tests").mkdir()
+    (pkg / "srt" / "tests" / "stub.py").write_text(FUNCTION)
+    assert find_set_envs_files(str(pkg)) == [str(pkg / "srt" / "entrypoints" / "engine.py")]
+
+
+def test_a_file_that_only_names_the_function_need_not_parse(tmp_path):
+    pkg = make_package(tmp_path, {"srt/entrypoints/engine.py": FUNCTION,
+                                  "srt/tmpl_broken.py": "# see _set_envs_and_config\n{{ template }} :\n"})
+    assert find_set_envs_files(str(pkg)) == [str(pkg / "srt" / "entrypoints" / "engine.py")]
+
+
+def test_a_linked_file_is_found_as_the_file_it_names_and_only_once(tmp_path):
+    # An editable install may link a file into the package: the target is what gets patched (a rename over the link
+    # would replace the link with a copy), and a link and its target are one file.
+    source = tmp_path / "checkout" / "engine.py"
+    source.parent.mkdir()
+    source.write_text(FUNCTION)
+    pkg = make_package(tmp_path, {})
+    (pkg / "srt" / "entrypoints" / "engine.py").symlink_to(source)
+    (pkg / "srt" / "again.py").symlink_to(source)
+    assert find_set_envs_files(str(pkg)) == [str(source)]
 
 
 def test_a_file_naming_the_function_that_does_not_parse_is_refused(tmp_path):
     # It may be the copy that defines it: patching only the others would leave its workers without the values.
     pkg = make_package(tmp_path, {"srt/entrypoints/engine.py": FUNCTION,
                                   "srt/entrypoints/worker_launch.py": "def _set_envs_and_config(:\n"})
-    with pytest.raises(SGLangLocateError, match=r"cannot parse .*worker_launch\.py"):
+    with pytest.raises(SGLangLocateError, match=r"cannot parse .*worker_launch\.py.* seems to define") as err:
         find_set_envs_files(str(pkg))
+    assert sys.executable in str(err.value)
 
 
 def test_the_whole_file_is_read_beyond_one_read_call(tmp_path):

@@ -703,7 +703,8 @@ def test_close_spelling_and_run_time_note_follow_argparses_invalid_choice(choice
     result = sa.check_launch_args(options, {"model-path": "/m", "tool": "mine"}, extra_choices={"to": ["mine"]})
     assert result["valid"], result["errors"]
     result = sa.check_launch_args(options, {"model-path": "/m"}, extra_choices={"nope": ["x"]})
-    assert result["errors"][0]["message"].startswith("extra_choices: unrecognized argument --nope")
+    assert result["errors"][0]["message"].startswith(
+        "sglang_preflight_extra_choices (module option extra_choices): unrecognized argument --nope")
 
 
 def test_pass_through_converter_is_run_and_others_are_listed_as_unchecked(choices_tree):

@@ -267,3 +267,30 @@ def test_table_accounts_for_every_nccl_write_of_the_release(version):
     assert not gone, "sglang %s lacks writes the table claims (set their gone_in): %s" % (version, gone)
     if version in O.SURVEYED:
         assert all(version in row["lines"] for row in table), "a surveyed release's line is missing from WRITES"
+
+
+def test_overrides_as_a_comma_string_count_as_a_list_and_a_bad_type_is_named():
+    env = {"NCCL_ALGO": "Ring", "NCCL_MAX_NCHANNELS": "16"}
+    args = {"enable-deterministic-inference": True, "tp-size": 8}
+    assert O.nccl_conflicts("0.5.23", args, env, overrides="NCCL_ALGO, NCCL_MAX_NCHANNELS") == []
+    [bad] = O.nccl_conflicts("0.5.23", args, env, overrides=5)
+    assert bad["message"] == ("sglang_nccl_env_overrides must be a list of variable names of sglang_nccl_env "
+                              "(e.g. [NCCL_ALGO]), got int 5")
+
+
+def test_a_misspelt_override_is_named_in_the_refusal():
+    env = {"NCCL_ALGO": "Ring", "NCCL_MAX_NCHANNELS": "16"}
+    args = {"enable-deterministic-inference": True, "tp-size": 8}
+    [conflict] = O.nccl_conflicts("0.5.23", args, env, overrides=["NCCL_ALGO", "NCCL_MAX_NCHANNEL"])
+    assert conflict["variables"] == ["NCCL_MAX_NCHANNELS"]
+    assert conflict["message"].endswith(
+        "; sglang_nccl_env_overrides names NCCL_MAX_NCHANNEL, which sglang_nccl_env does not set")
+
+
+def test_the_channel_count_sglang_reads_from_the_servers_environment_is_the_one_compared():
+    # SGLANG_DETERMINISTIC_NCCL_NCHANNELS=16 in sglang_launch_extra_env: SGLang pins 16, the same as the user's value.
+    env = {"NCCL_MAX_NCHANNELS": "16", "NCCL_MIN_NCHANNELS": "16"}
+    args = {"enable-deterministic-inference": True, "tp-size": 8}
+    assert O.nccl_conflicts("0.5.23", args, env, server_env={"SGLANG_DETERMINISTIC_NCCL_NCHANNELS": "16"}) == []
+    [conflict] = O.nccl_conflicts("0.5.23", args, env)
+    assert conflict["sglang_sets"]["NCCL_MAX_NCHANNELS"] == "8"

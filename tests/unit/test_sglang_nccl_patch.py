@@ -568,6 +568,10 @@ def test_an_ambiguous_second_file_leaves_the_first_untouched(tmp_path, capsys, m
     result = run_main(capsys, {"python": sys.executable, "env": ENV})
     assert result["failed"] and str(worker) in result["msg"] and "2 times" in result["msg"]
     assert engine.read_text() == SOURCE
+    # Every file is still judged (check.yml reads engine.py's state from this failure), in the order of paths.
+    assert [f["path"] for f in result["files"]] == [str(engine), str(worker)]
+    assert (result["files"][0]["block"], result["files"][0]["changed"]) == ("none", True)
+    assert set(result["files"][1]) == {"path", "relative", "error"} and "2 times" in result["files"][1]["error"]
 
 
 def test_a_failed_write_of_the_second_file_puts_the_first_back(tmp_path, capsys, monkeypatch):
