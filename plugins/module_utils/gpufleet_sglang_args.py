@@ -250,6 +250,11 @@ class _Imported(object):
         self.dotted = dotted
         self.name = name
 
+    def resolve(self, reader):
+        """(module, node) that defines the imported name in ``reader``'s package, or (None, None)."""
+        other = reader.module_for(self.dotted)
+        return other.resolve_name(self.name) if other is not None else (None, None)
+
 
 def _evaluate(module, node, local=None, depth=0):
     """Value of a constant expression (lists of literals, names bound to them, ``a + b``, ``list(x)``,
@@ -267,8 +272,7 @@ def _evaluate(module, node, local=None, depth=0):
         if local and node.id in local:
             entry = local[node.id]
             if isinstance(entry, _Imported):
-                other = module.reader.module_for(entry.dotted)
-                owner, value = other.resolve_name(entry.name) if other is not None else (None, None)
+                owner, value = entry.resolve(module.reader)
                 if owner is None or not isinstance(value, ast.expr):
                     return _UNRESOLVED
                 return _evaluate(owner, value, None, depth + 1)
@@ -377,8 +381,7 @@ def _enum_members(module, node, local=None):
     if isinstance(node, ast.Name):
         entry = local.get(node.id) if local else None
         if isinstance(entry, _Imported):
-            other = module.reader.module_for(entry.dotted)
-            owner, cls = other.resolve_name(entry.name) if other is not None else (None, None)
+            owner, cls = entry.resolve(module.reader)
         elif entry is None:
             owner, cls = module.resolve_name(node.id)
     if not isinstance(cls, ast.ClassDef) or not any(_subscript_parts(b)[0] in _ENUM_BASES for b in cls.bases):
@@ -509,8 +512,7 @@ def _choices_note(module, node, local=None, depth=0):
             if local and sub.id in local:
                 entry = local[sub.id]
                 if isinstance(entry, _Imported):
-                    other = module.reader.module_for(entry.dotted)
-                    owner, value = other.resolve_name(entry.name) if other is not None else (None, None)
+                    owner, value = entry.resolve(module.reader)
                     if owner is not None and isinstance(value, ast.expr):
                         hook = owner.extension_hooks().get(entry.name)
                         note = hook and "plugins can add names with %s() (%s)" % (hook, owner.rel_path)
