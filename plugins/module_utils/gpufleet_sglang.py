@@ -222,12 +222,17 @@ def defines_function(source, name=FUNCTION_NAME, filename="<source>"):
     return bool(find_function(ast.parse(source, filename=filename), name))
 
 
-def _relative(package_dir, path):
-    return os.path.relpath(path, package_dir).replace(os.sep, "/")
+def package_relative(package_dir, path):
+    """``path`` inside the sglang package ``package_dir`` with ``/`` (``srt/entrypoints/engine.py``), or None when
+    there is no package or the file lies outside it (a linked file's target elsewhere)."""
+    if not package_dir:
+        return None
+    rel = os.path.relpath(path, os.path.realpath(package_dir)).replace(os.sep, "/")
+    return None if rel.startswith("..") else rel
 
 
 def _file_order(package_dir, path):
-    rel = _relative(package_dir, path)
+    rel = package_relative(package_dir, path) or path
     return (PRIMARY_FILES.index(rel), "") if rel in PRIMARY_FILES else (len(PRIMARY_FILES), rel)
 
 
@@ -329,8 +334,7 @@ def find_set_envs_files(package_dir, stats=None):
         raise SGLangLocateError("no file of sglang %s defines %s() at module level; searched %d .py files under %s%s"
                                 % (version or "(version unknown)", FUNCTION_NAME, scanned, package_dir,
                                    ("; these only name it: " + ", ".join(sorted(names_only))) if names_only else ""))
-    real_package = os.path.realpath(package_dir)
-    return sorted(found, key=lambda path: _file_order(real_package, path))
+    return sorted(found, key=lambda path: _file_order(package_dir, path))
 
 
 def find_set_envs_file(package_dir):

@@ -345,6 +345,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang imp
     SGLangLocateError,
     find_anchor,
     locate_sglang,
+    package_relative,
     managed_block_lines,
     split_lines,
 )
@@ -571,14 +572,10 @@ def read_block_env(text):
     return env
 
 
-def previous_name(package_dir, path):
-    """File name of ``path``'s rollback copy in ``previous_dir``: its path inside the sglang package with dots,
-    e.g. ``srt.entrypoints.engine.py.prev`` (unique per file, readable in a listing)."""
-    if package_dir:
-        rel = os.path.relpath(path, os.path.realpath(package_dir))
-        if not rel.startswith(".."):
-            return rel.replace(os.sep, ".") + ".prev"
-    return os.path.basename(path) + ".prev"
+def previous_name(entry):
+    """File name of a planned file's rollback copy in ``previous_dir``: its path inside the sglang package with
+    dots, e.g. ``srt.entrypoints.engine.py.prev`` (unique per file, readable in a listing); its base name outside."""
+    return (entry["relative"] or os.path.basename(entry["path"])).replace("/", ".") + ".prev"
 
 
 def plan_files(found, items, state, release="sglang version unknown"):
@@ -591,10 +588,8 @@ def plan_files(found, items, state, release="sglang version unknown"):
     Every file is planned even after one is refused, so a caller can still judge the others (check.yml).
     """
     planned, refused = [], []
-    package_dir = found.get("package_dir")
     for path in found["paths"]:
-        relative = os.path.relpath(path, os.path.realpath(package_dir)).replace(os.sep, "/") if package_dir else None
-        relative = None if relative is None or relative.startswith("..") else relative
+        relative = package_relative(found.get("package_dir"), path)
         try:
             with open(path, "rb") as handle:
                 raw = handle.read()
@@ -630,12 +625,12 @@ def plan_files(found, items, state, release="sglang version unknown"):
     return planned, refused
 
 
-def file_result(entry, written, check_mode):
-    """The RV ``files`` entry of one planned file."""
+def file_result(entry, written):
+    """The RV ``files`` entry of one planned file (``written``: its new bytes are in place)."""
     plan = entry["plan"]
     return {"path": entry["path"], "relative": entry["relative"], "changed": plan["changed"], "line": plan["line"],
             "placement": plan.get("placement"), "block": entry["block"], "block_env": entry["block_env"],
-            "mtime": entry["mtime"] if not written else entry.get("mtime_after", entry["mtime"]),
+            "mtime": entry["mtime"],
             "sha256": hashlib.sha256(entry["data"] if written else entry["raw"]).hexdigest(),
             "backup_file": entry.get("backup_file"), "previous_file": entry.get("previous_file"),
             "previous_sha256": entry.get("previous_sha256")}
@@ -690,18 +685,28 @@ def run_module():
     planned, refused = plan_files(found, items, params["state"], release)
     if refused:
         # Every file is judged (check.yml reads the others' blocks from this failure), none is written.
-        judged = dict((e["path"], file_result(e, False, module.check_mode)) for e in planned)
+        judged = dict((e["path"], file_result(e, False)) for e in planned)
         judged.update((r["path"], r) for r in refused)
         result["files"] = [judged[path] for path in found["paths"]]
         module.fail_json(msg="%s.%s No file was changed." % (
             refused[0]["error"], (" %d more file(s) refused: %s." % (len(refused) - 1, ", ".join(
                 r["path"] for r in refused[1:]))) if len(refused) > 1 else ""), **result)
 
+    def keep_path(entry):
+        return params["previous_file"] or (
+            os.path.join(params["previous_dir"], previous_name(entry)) if params["previous_dir"] else None)
+
     changing = [entry for entry in planned if entry["plan"]["changed"]]
+    if module.check_mode:
+        # Where each copy would go and what it would hold (nothing is written): a caller that copies the files
+        # as another user (roles/sglang_nccl_patch/tasks/previous.yml) uses the module's own naming.
+        for entry in changing:
+            entry["previous_file"] = keep_path(entry)
+            entry["previous_sha256"] = hashlib.sha256(entry["raw"]).hexdigest() if entry["previous_file"] else None
     first = planned[0]
     result.update(changed=bool(changing), line=first["plan"]["line"],
                   env=dict(items) if any(e["plan"]["line"] for e in planned) else {})
-    result["files"] = [file_result(entry, False, module.check_mode) for entry in planned]
+    result["files"] = [file_result(entry, False) for entry in planned]
     if module._diff:
         diffs = [{"before": e["text"], "after": e["plan"]["after"], "before_header": e["path"],
                   "after_header": e["path"]} for e in planned]
@@ -720,29 +725,17 @@ def run_module():
                              % (len(changing), release, FUNCTION_NAME, ", ".join(e["path"] for e in changing)),
                          **result)
 
-    def keep_path(path):
-        return params["previous_file"] or (
-            os.path.join(params["previous_dir"], previous_name(found.get("package_dir"), path))
-            if params["previous_dir"] else None)
-
-    if changing and module.check_mode:
-        # Where each copy would go and what it would hold (nothing is written): a caller that copies the files
-        # as another user (roles/sglang_nccl_patch/tasks/previous.yml) uses the module's own naming.
-        for entry in changing:
-            entry["previous_file"] = keep_path(entry["path"])
-            entry["previous_sha256"] = hashlib.sha256(entry["raw"]).hexdigest() if entry["previous_file"] else None
-        result["files"] = [file_result(e, False, True) for e in planned]
     if changing and not module.check_mode:
         written = []
         for entry in changing:
             path = entry["path"]
-            keep = keep_path(path)
+            keep = keep_path(entry)
             if keep:
                 try:
                     kept = keep_previous(path, entry["raw"], keep)
                 except (IOError, OSError) as exc:
                     _undo(module, written)
-                    result["files"] = [file_result(e, e in written, False) for e in planned]
+                    result["files"] = [file_result(e, e in written) for e in planned]
                     module.fail_json(msg="cannot keep the current bytes of %s (%s) in %s for a rollback: %s. No file "
                                          "is changed; make that directory writable for the user the patch runs as "
                                          "(sglang_nccl_patch_become)." % (path, release, keep, exc), **result)
@@ -755,7 +748,7 @@ def run_module():
                 write_atomic(module, path, entry["data"])
             except (IOError, OSError) as exc:
                 undone = _undo(module, written)
-                result["files"] = [file_result(e, e in written and e not in undone, False) for e in planned]
+                result["files"] = [file_result(e, e in written and e not in undone) for e in planned]
                 module.fail_json(msg="cannot write %s (%s): %s. %s; if it belongs to another user set become "
                                      "(sglang_nccl_patch_become: true)."
                                  % (path, release, exc, "No file is changed" if len(undone) == len(written) else
@@ -764,10 +757,10 @@ def run_module():
             written.append(entry)
             remove_stale_bytecode(path)
             try:
-                entry["mtime_after"] = os.stat(path).st_mtime
+                entry["mtime"] = os.stat(path).st_mtime
             except OSError:
                 pass
-        result["files"] = [file_result(e, e in written, False) for e in planned]
+        result["files"] = [file_result(e, e in written) for e in planned]
     result["sha256"] = result["files"][0]["sha256"]
     result["backup_file"] = result["files"][0]["backup_file"]
     module.exit_json(**result)
@@ -781,6 +774,7 @@ def _undo(module, written):
         try:
             write_atomic(module, entry["path"], entry["raw"])
             remove_stale_bytecode(entry["path"])
+            entry["mtime"] = os.stat(entry["path"]).st_mtime
             undone.append(entry)
         except (IOError, OSError):
             pass
