@@ -42,32 +42,29 @@ system-packages:
 	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$need >/dev/null; \
 	 fi
 
+# A controller environment: $(1) the interpreter, $(2) the venv folder, $(3) the pinned requirements. Also the
+# gpufleet command (src/gpufleet_cli), editable: it runs this checkout's playbooks.
+define controller_venv
+	$(1) -m venv $(2)
+	$(2)/bin/python -m pip install -q --upgrade pip
+	$(2)/bin/python -m pip install -q -r $(3)
+	$(2)/bin/python -m pip install -q -e .
+	touch $(2)/.installed
+endef
+
 venv: $(VENV)/.installed
 $(VENV)/.installed: requirements/controller.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install -q --upgrade pip
-	$(VENV)/bin/python -m pip install -q -r requirements/controller.txt
-	# the gpufleet command (src/gpufleet_cli), editable: it runs this checkout's playbooks
-	$(VENV)/bin/python -m pip install -q -e .
-	touch $@
+	$(call controller_venv,$(PYTHON),$(VENV),requirements/controller.txt)
 
 venv-new: $(VENV_NEW)/.installed
 $(VENV_NEW)/.installed: requirements/controller-ansible-2.21.txt pyproject.toml
 	@test -n "$(PY_NEW)" || { echo "no Python >= 3.12 found (set PY_NEW=/path/to/python3.12+)"; exit 1; }
-	$(PY_NEW) -m venv $(VENV_NEW)
-	$(VENV_NEW)/bin/python -m pip install -q --upgrade pip
-	$(VENV_NEW)/bin/python -m pip install -q -r requirements/controller-ansible-2.21.txt
-	$(VENV_NEW)/bin/python -m pip install -q -e .
-	touch $@
+	$(call controller_venv,$(PY_NEW),$(VENV_NEW),requirements/controller-ansible-2.21.txt)
 
 venv-2.20: $(VENV_220)/.installed
 $(VENV_220)/.installed: requirements/controller-ansible-2.20.txt pyproject.toml
 	@test -n "$(PY_220)" || { echo "no Python >= 3.12 found (set PY_220=/path/to/python3.12)"; exit 1; }
-	$(PY_220) -m venv $(VENV_220)
-	$(VENV_220)/bin/python -m pip install -q --upgrade pip
-	$(VENV_220)/bin/python -m pip install -q -r requirements/controller-ansible-2.20.txt
-	$(VENV_220)/bin/python -m pip install -q -e .
-	touch $@
+	$(call controller_venv,$(PY_220),$(VENV_220),requirements/controller-ansible-2.20.txt)
 
 lab-up: setup
 	$(VENV)/bin/python tests/lab/lab.py up --hosts $(LAB_HOSTS) --sglang-version $(LAB_SGLANG_VERSION) --lab-dir $(LAB_DIR) --init $(LAB_INIT)
