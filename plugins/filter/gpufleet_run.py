@@ -239,20 +239,28 @@ _TUNABLES = {
     "sglang_verify_throughput_max_new_tokens": (True, 1),
     "sglang_verify_min_tokens_per_s": (False, 0),
     "sglang_verify_max_regression_fraction": (False, 0),
+    # 0 = no burst (module_utils gpufleet_burst: MAX_REQUESTS, MAX_CONCURRENCY bound them).
+    "sglang_verify_burst_requests": (True, 0),
+    "sglang_verify_burst_concurrency": (True, 1),
+    "sglang_verify_burst_max_new_tokens": (True, 1),
+    "sglang_verify_burst_timeout_s": (False, 0),
 }
 # What a _TUNABLES value counts, where its name's suffix (_s, _ms, _mib) does not say.
 _UNITS = {"sglang_launch_log_tail_lines": "log lines", "sglang_launch_systemd_restart_sec": "seconds",
           "sglang_verify_max_new_tokens": "tokens", "sglang_verify_min_workers": "worker processes",
           "sglang_verify_throughput_requests": "requests", "sglang_verify_throughput_concurrency": "requests",
           "sglang_verify_throughput_max_new_tokens": "tokens", "sglang_verify_min_tokens_per_s": "tokens/s",
-          "sglang_verify_max_regression_fraction": "a fraction of the last good figure"}
+          "sglang_verify_max_regression_fraction": "a fraction of the last good figure",
+          "sglang_verify_burst_requests": "requests", "sglang_verify_burst_concurrency": "requests",
+          "sglang_verify_burst_max_new_tokens": "tokens"}
 # Of those (not whole numbers), the ones 0 is a meaning for (no grace: SIGKILL at once; no drain wait; no
 # startup watch; no tokens/s floor; no drop allowed).
 _MAY_BE_ZERO = ("sglang_stop_grace_s", "gpufleet_router_drain_timeout_s", "sglang_launch_startup_check_s",
                 "sglang_launch_start_wait_s", "sglang_verify_min_tokens_per_s", "sglang_verify_max_regression_fraction")
 # Upper bounds the roles' modules enforce (sglang_stop's poll_interval_ms: 1-100), and a fraction's 1 (30 written
 # for 30 % would switch the regression check off without a word).
-_HIGHEST = {"sglang_stop_poll_interval_ms": 100, "sglang_verify_max_regression_fraction": 1}
+_HIGHEST = {"sglang_stop_poll_interval_ms": 100, "sglang_verify_max_regression_fraction": 1,
+            "sglang_verify_burst_requests": 1000, "sglang_verify_burst_concurrency": 64}
 # Of those, the ones whose role maps an empty value to its default (an unanswered AWX survey question); for the
 # others an empty value reaches the role's argument spec, which refuses it after the stop.
 _EMPTY_IS_DEFAULT = ("gpufleet_router_drain_timeout_s", "gpufleet_router_ready_timeout_s")

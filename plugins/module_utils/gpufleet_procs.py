@@ -263,3 +263,41 @@ def describe_pids(pids):
         except MissingLibraryError:
             out[pid] = None
     return out
+
+
+# A router or a client on a GPU host is never an SGLang server's leftover, whatever the stop's pattern matches
+# (sglang_stop). Names as the processes show them (the program name sglang_stop's ``program_name`` reads from argv):
+# - sglang-router (PyPI sglang-router, to 0.3.2): ``launch_router`` retitles its process ``sglang::router``
+#   (sgl-router/py_src/sglang_router/launch_router.py); ``python -m sglang_router.launch_server`` starts servers
+#   (titled ``sglang::server``, SGLang servers) and then becomes that router itself.
+# - smg (its successor, PyPI smg 1.x): ``smg::router`` (bindings/python/src/smg/launch_router.py), the console
+#   script ``smg`` (``smg launch``, ``smg serve``, ``smg server``) and ``python -m smg.launch_router``.
+# - SGLang's own clients: ``-m sglang.bench_serving``, ``sglang.bench_one_batch_server`` (HTTP load against a
+#   server), ``sglang.check_env``, ``sglang.profiler`` (POST /start_profile), ``sglang.version``.
+# Not routers: SGLang's ``sglang::detokenizer_router`` (multi-tokenizer mode, srt/managers/multi_tokenizer_mixin.py)
+# is a process of a server; ``sglang.bench_one_batch`` and ``sglang.bench_offline_throughput`` run the model in
+# their own process (they hold the GPUs like a server).
+ROUTER_TITLES = frozenset(("sglang::router", "smg::router"))
+ROUTER_MODULE_PREFIXES = ("sglang_router", "smg")
+ROUTER_PROGRAMS = frozenset(("smg", "sglang-router", "sglang_router"))
+CLIENT_MODULES = frozenset(("sglang.bench_serving", "sglang.bench_one_batch_server", "sglang.check_env",
+                            "sglang.profiler", "sglang.version", "sglang.multimodal_gen.benchmarks.bench_serving"))
+
+
+def sglang_bystander(program, subcommand=None):
+    """``"router"``, ``"client"`` or None: whether a process whose program name is ``program`` (a ``sglang::``
+    title, the module after ``-m``, a script path or argv[0]; ``subcommand`` the word after it) is an SGLang
+    router or client, which a stop must never take for a server's leftover (see the names above)."""
+    if not program:
+        return None
+    if program in ROUTER_TITLES or program.startswith("smg::"):
+        return "router"
+    if program.startswith("sglang::"):
+        return None  # every other sglang:: title is a process of a server (scheduler, detokenizer, ...)
+    if any(program == m or program.startswith(m + ".") for m in ROUTER_MODULE_PREFIXES):
+        return "router"
+    if os.path.basename(program) in ROUTER_PROGRAMS:
+        return "router"
+    if program in CLIENT_MODULES or (os.path.basename(program) == "sglang" and subcommand == "version"):
+        return "client"
+    return None

@@ -33,7 +33,7 @@ description:
     O(timeout_s) passed since the server's start (its process creation time)."
   - "O(state=verified): what proves a launched server serves as configured, in one module call (each call costs
     0.5-1 s of round trip and module start): one generation (O(generate): C(POST /generate), RV(generate)),
-    the environment of every GPU worker among the server's descendants (O(worker_env): RV(workers), as the
+    a short concurrent burst of generations (O(burst), RV(burst)), the environment of every GPU worker among the server's descendants (O(worker_env): RV(workers), as the
     C(sglang_worker_env_info) module reads it), then one look (O(owner)) that the server still runs and the
     LISTEN socket on O(port) belongs to it or a descendant and O(url) answers 200 (the test of O(state=ready),
     without waiting: RV(owner)). The look comes last, so the answers before it are known to come from that
@@ -238,6 +238,42 @@ options:
         description: Seconds the generation may take.
         type: float
         default: 120
+  burst:
+    description:
+      - "With V(verified), a short concurrent burst of C(POST /generate) right after the single O(generate) (omit
+        it, or O(burst.requests=0), for none): O(burst.requests) small generations, O(burst.concurrency) at a
+        time, each allowed O(burst.timeout_s). It catches a server that answers one request and then hangs
+        (sgl-project/sglang#22779). Sent with O(api_key) as C(Authorization: Bearer) when that is set; never
+        through an http_proxy. Skipped when the single generation got no 200 answer. See RV(burst)."
+      - "Counting (module_utils C(gpufleet_burst)): answered = 200 with generated text; an HTTP error is an answer
+        and the burst goes on; no answer within the timeout, or a refused/reset connection, stops new requests
+        (each would only wait its timeout out), so a hung server costs about one O(burst.timeout_s)."
+    type: dict
+    suboptions:
+      url:
+        description: The server's C(/generate) URL.
+        type: str
+        required: true
+      text:
+        description: The prompt.
+        type: str
+        default: The capital of France is
+      requests:
+        description: Generations in the burst (0 = none, at most 1000).
+        type: int
+        default: 32
+      concurrency:
+        description: Generations in flight at once (1 to 64).
+        type: int
+        default: 8
+      max_new_tokens:
+        description: Tokens per generation (greedy).
+        type: int
+        default: 8
+      timeout_s:
+        description: Seconds one generation of the burst may take.
+        type: float
+        default: 10
   worker_env:
     description:
       - With V(verified), the variables every GPU worker must carry (omit it to read no worker).
@@ -459,6 +495,19 @@ generate:
     msg: {description: "C(OK (N bytes)), or the HTTP error or connection error.", type: str}
     elapsed_ms: {description: Milliseconds the request took., type: int}
   sample: {status: 200, json: {text: " Paris.", meta_info: {completion_tokens: 8}}, msg: "OK (312 bytes)", elapsed_ms: 48}
+burst:
+  description:
+    - "With O(state=verified) and O(burst): C(ok) (every request answered), C(requests), C(concurrency),
+      C(answered) (200 with generated text), C(timed_out) (no answer within C(timeout_s)), C(connection_errors),
+      C(http_errors) (status → count), C(not_sent) (not started after the first request without an answer),
+      C(wall_s), C(slowest_ms) (slowest answered request, ms), C(first_error), C(timeout_s) and C(msg) (one line,
+      e.g. C(5 of 32 answered in 3.1 s (8 at a time); 8 got no answer within 3 s; 19 not sent ...)). With
+      C(skipped) true and C(msg) saying why when the single generation failed first."
+  returned: state is verified and burst is set with requests above 0
+  type: dict
+  sample: {ok: true, requests: 32, concurrency: 8, answered: 32, timed_out: 0, connection_errors: 0, http_errors: {},
+           not_sent: 0, wall_s: 0.61, slowest_ms: 140, first_error: null, timeout_s: 10.0,
+           msg: "32 of 32 answered in 0.6 s (8 at a time)"}
 workers:
   description:
     - With O(state=verified) and O(worker_env), the GPU workers found among the server's descendants, with the
@@ -525,6 +574,7 @@ except ImportError:
     HAS_PSUTIL = False
     PSUTIL_ERROR = traceback.format_exc()
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_burst
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (
     worker_env_options, candidate_pids, inspect_workers, worker_report)
@@ -1003,6 +1053,16 @@ def run_verified(module, p, result):
     if p["generate"] is not None:
         g = p["generate"]
         result["generate"] = post_generate(g["url"], g["text"], g["max_new_tokens"], p["api_key"], g["timeout_s"])
+    b = p["burst"]
+    if b is not None and b["requests"] > 0:
+        problems = gpufleet_burst.burst_errors(b["requests"], b["concurrency"], b["max_new_tokens"], b["timeout_s"])
+        if problems:
+            module.fail_json(msg="; ".join(problems), **result)
+        if p["generate"] is not None and result["generate"]["status"] != 200:
+            result["burst"] = {"skipped": True, "ok": None, "msg": "not sent: the single generation failed first"}
+        else:
+            result["burst"] = gpufleet_burst.run_burst(b["url"], b["requests"], b["concurrency"], b["max_new_tokens"],
+                                                       b["timeout_s"], p["api_key"], b["text"])
     if p["worker_env"] is not None:
         w = p["worker_env"]
         try:
@@ -1229,6 +1289,14 @@ def main():
                 text=dict(type="str", default="The capital of France is"),
                 max_new_tokens=dict(type="int", default=8),
                 timeout_s=dict(type="float", default=120),
+            )),
+            burst=dict(type="dict", options=dict(
+                url=dict(type="str", required=True),
+                text=dict(type="str", default="The capital of France is"),
+                requests=dict(type="int", default=gpufleet_burst.DEFAULT_REQUESTS),
+                concurrency=dict(type="int", default=gpufleet_burst.DEFAULT_CONCURRENCY),
+                max_new_tokens=dict(type="int", default=gpufleet_burst.DEFAULT_MAX_NEW_TOKENS),
+                timeout_s=dict(type="float", default=gpufleet_burst.DEFAULT_TIMEOUT_S),
             )),
             worker_env=dict(type="dict", options=worker_env_options()),
             owner=dict(type="bool", default=True),

@@ -34,6 +34,12 @@ description:
     whole program name, or the program name, a space and the subcommand. So C(grep sglang.launch_server),
     C(pgrep -af sglang::scheduler), C(bash -c '... sglang ...'), C(vim .../sglang/launch_server.py) and
     C(tail -f sglang.log) are never chosen."
+  - "Never taken for a leftover, whatever O(pattern) matches: an SGLang router (C(sglang::router),
+    C(smg::router), C(python -m sglang_router.launch_router), C(sglang_router.launch_server)'s router process,
+    C(smg)) or client (C(python -m sglang.bench_serving), C(sglang.bench_one_batch_server), C(sglang.check_env),
+    C(sglang.profiler)); they are listed in RV(kept) and named in RV(progress) (C(kept: router pid N)). A process
+    of the server's own process group or tree (reasons C(pid_file), C(process_group), C(process_tree)) is the
+    server's and is stopped whatever its title."
   - "Never signalled, whatever they hold open (C(/dev/nvidia*) included): processes of users not in O(users),
     processes whose command line matches O(protect_pattern) (nvidia-persistenced, DCGM, exporters, nvidia-smi),
     and this module's own process and its ancestors. Processes are never chosen because they hold a GPU device."
@@ -97,7 +103,7 @@ options:
         description for what the program name is) for the process to count as SGLang. It is never searched
         in the whole command line.
       - "The default accepts a C(sglang::) title, a module C(sglang) or C(sglang.<name>) (C(-m sglang.launch_server),
-        C(-m sglang.srt...), C(-m sglang.bench_serving)), a program C(sglang) with subcommand C(serve)
+        C(-m sglang.srt...)), a program C(sglang) with subcommand C(serve)
         (C(sglang serve), the launcher from 0.5.6), and a script path ending in C(sglang/launch_server.py)."
     type: str
     default: 'sglang::.*|sglang\.[\w.]+|([^ ]*/)?sglang serve|([^ ]*/)?sglang/launch_server\.py'
@@ -300,6 +306,15 @@ signalled:
   sample:
     - {pid: 4242, cmdline: "python -m sglang.launch_server --model-path /models/x", user: sglang,
        reason: pid_file, defunct: false, start_ticks: 881234, signals: [SIGTERM], ended: after SIGTERM, wait_ms: 5210}
+kept:
+  description:
+    - "Routers and clients O(pattern) matched but that are never leftovers (see the description), left alone:
+      C(pid), C(cmdline), C(user), C(kind) (V(router) or V(client)). RV(progress) ends with C(kept: router pid N, ...)
+      when there are any."
+  returned: always
+  type: list
+  elements: dict
+  sample: [{pid: 3120, cmdline: "sglang::router", user: sglang, kind: router}]
 done:
   description: True when the stop is over (everything gone, or check mode); false after a slice that ended
     while the grace still runs (call again with O(resume)).
@@ -377,7 +392,7 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import redact_argv
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import redact_argv, sglang_bystander
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_wait
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_spawn
 
@@ -643,14 +658,31 @@ def select_server(procs, main_pid, user_set, protected, protect_re):
     return chosen
 
 
-def select_leftovers(procs, pattern_re, user_set, protected, protect_re, skip=()):
+def select_leftovers(procs, pattern_re, user_set, protected, protect_re, skip=(), kept=None):
     """Processes that run SGLang (:func:`runs_sglang` with ``pattern_re``), orphans and defunct ones included.
 
-    Same filters as select_server; pids in ``skip`` (already chosen) are left out. Returns [(Proc, "pattern")].
+    Same filters as select_server; pids in ``skip`` (already chosen) are left out. A router or a client that the
+    pattern matches (``sglang::router``, ``-m sglang.bench_serving``: gpufleet_procs ``sglang_bystander``) is never
+    a leftover, whatever the pattern: it is appended to ``kept`` (a list, when given) as ``{pid, cmdline, user,
+    kind}``. Returns [(Proc, "pattern")].
     """
-    return [(proc, "pattern") for proc in procs
-            if proc.pid not in skip and runs_sglang(proc.argv, pattern_re)
-            and _allowed(proc, user_set, protected, protect_re)]
+    chosen = []
+    for proc in procs:
+        if proc.pid in skip or not runs_sglang(proc.argv, pattern_re) or not _allowed(proc, user_set, protected,
+                                                                                      protect_re):
+            continue
+        kind = sglang_bystander(*program_name(proc.argv))
+        if kind:
+            if kept is not None:
+                kept.append({"pid": proc.pid, "cmdline": proc.cmdline, "user": proc.user, "kind": kind})
+            continue
+        chosen.append((proc, "pattern"))
+    return chosen
+
+
+def kept_note(kept):
+    """``kept: router pid 12, client pid 34`` for the routers and clients a stop left alone ('' for none)."""
+    return ("kept: " + ", ".join("%s pid %d" % (k["kind"], k["pid"]) for k in kept)) if kept else ""
 
 
 def _allowed(proc, user_set, protected, protect_re):
@@ -891,7 +923,7 @@ def run(module, now=time.time):
     poll_s = params["poll_interval_ms"] / 1000.0
     grace_s, kill_timeout_s = params["grace_s"], params["kill_timeout_s"]
     result = {"changed": False, "signalled": [], "removed_shm": [], "kept_shm": [], "main_pid": None,
-              "pid_file_removed": False, "users": users, "done": False}
+              "pid_file_removed": False, "users": users, "done": False, "kept": []}
     pid_file = params["pid_file"]
     resume = params["resume"]
 
@@ -903,6 +935,7 @@ def run(module, now=time.time):
         except ValueError as exc:
             module.fail_json(msg=str(exc), **result)
         result["main_pid"] = main_pid
+        result["kept"] = list(resume.get("kept") or [])
     else:
         started_at = now()
         procs = snapshot()
@@ -922,7 +955,7 @@ def run(module, now=time.time):
                 result["main_pid"] = main.pid if main else None
         chosen = select_server(procs, main.pid, user_set, protected, protect_re) if main is not None else []
         chosen += select_leftovers(procs, pattern_re, user_set, protected, protect_re,
-                                   skip={p.pid for p, _ in chosen})
+                                   skip={p.pid for p, _ in chosen}, kept=result["kept"])
         if check:
             entries = [entry_for(p, reason, "would signal") for p, reason in chosen]
         else:
@@ -985,6 +1018,8 @@ def run(module, now=time.time):
     result["stop_ms"] = 0 if check else int((now() - started_at) * 1000)
     result["progress"] = (("would signal %d process(es)" % len(entries)) if check
                           else progress_line(entries, started_at, grace_s, now()))
+    if result["kept"]:
+        result["progress"] += "; " + kept_note(result["kept"])
     return result
 
 

@@ -578,3 +578,60 @@ def test_prespawn_copy_is_patched_verified_and_put_back_with_engine_py(lab):
         # Back to the group's configuration (the launch record held SGLANG_PRESPAWN_WORKERS).
         runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=FAST)
         assert runner.status == "successful", stdout_of(runner)[-4000:]
+
+
+BURST_PROBE = ("import json, sys, urllib.request\n"
+               "ok = 0\n"
+               "for _ in range(int(sys.argv[2])):\n"
+               "    req = urllib.request.Request(sys.argv[1], data=json.dumps({'text': 'x', 'sampling_params':\n"
+               "        {'max_new_tokens': 4}}).encode(), headers={'Content-Type': 'application/json'})\n"
+               "    try:\n"
+               "        ok += 'text' in json.loads(urllib.request.urlopen(req, timeout=3).read())\n"
+               "    except OSError as exc:\n"
+               "        print(exc)\n"
+               "        break\n"
+               "print(ok)\n")
+
+
+@pytest.mark.lab_only_once
+def test_a_server_that_hangs_after_a_few_requests_fails_the_verify_burst_and_the_old_one_comes_back(lab):
+    """sgl-project/sglang#22779: the new server answers its readiness probe and the single /generate, then hangs
+    (accepts, never answers). The burst after the single request names how many answered, the rollback stops the
+    hung server and relaunches the recorded launch, which answers more than the burst asked (the knob holds only
+    for a start whose argv has the new flag)."""
+    host = lab.hosts[1 % len(lab.hosts)]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    # 6 answers: the single /generate, then 5 of the burst.
+    lab.fault(host, hang_after_requests={"n": 6, "with_arg": "--max-running-requests"})
+    try:
+        started = time.monotonic()
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(
+            changed_config(lab, host, {"max-running-requests": 7}), sglang_verify_burst_timeout_s=2))
+        took = time.monotonic() - started
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "verify"
+        cause = facts(lab, runner, host, "_gpufleet_failed_cause")
+        assert "/generate burst after the single generation: 5 of 32 answered in " in cause, cause
+        assert "8 got no answer within 2 s" in cause and "19 not sent" in cause, cause
+        [look] = [d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_process")
+                  if d["host"] == host and "burst" in d["res"]]
+        new_pid = look["pid"]
+        assert look["generate"]["status"] == 200 and look["burst"]["answered"] == 5
+        assert 2 <= look["burst"]["wall_s"] < 6, look["burst"]
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        assert "Rollback: rolled_back" in state_lines(lab, runner, host)
+        assert not alive(lab, host, new_pid)
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+        assert "--max-running-requests" not in cmdline(lab, host, server_pid(lab, host))
+        assert launch_record(lab, host) == record, "a failed run must not replace the launch record"
+        # the relaunched server does not hang: it answers 40 generations in a row
+        hv = lab.host_vars(host)
+        url = "http://%s:%s/generate" % (hv.get("sglang_host", "127.0.0.1"), hv.get("sglang_port", 30000))
+        probe = lab.exec(host, [hv["sglang_python"], "-c", BURST_PROBE, url, "40"], check=True)
+        assert probe.stdout.strip() == "40", probe
+        assert took < 120, took
+    finally:
+        lab.clear_faults(host)

@@ -284,3 +284,42 @@ def test_a_stop_longer_than_15_s_prints_progress_lines(lab):
         assert {e["pid"]: e for e in res["signalled"]}[orphan[0]]["ended"] == "after SIGKILL"
     finally:
         lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_a_router_and_a_bench_client_on_the_host_survive_a_restart_while_a_leftover_does_not(lab):
+    """Issue 30: sglang-router titles itself sglang::router, which the default pattern (sglang::.*) took for a
+    server's leftover; -m sglang.bench_serving too. Both run as the user the stop may signal (root here)."""
+    host = lab.hosts[0]
+    router = spawn(lab, host, "sglang::router")
+    client = spawn(lab, host, "python3 -m sglang.bench_serving --backend sglang --port 30000 --num-prompts 1000")
+    leftover = spawn(lab, host, "sglang::scheduler_TP5")  # a worker of an earlier server, re-parented
+    try:
+        before = procs(lab, host)
+        assert before[router]["uid"] == before[client]["uid"] == before[leftover]["uid"] == 0
+        # sglang_stop in check mode, as preflight calls it (process method: the pid file, the login user)
+        dry = lab.run_module("sglang_stop", {"pid_file": "%s/sglang.pid" % lab.host_vars(host)["sglang_state_dir"],
+                                             "remove_stale_shm": False}, hosts=host, check=True)
+        assert dry.status == "successful", open(dry.stdout.name).read()[-3000:]
+        [res] = [d["res"] for d in lab.events(dry, "runner_on_ok") if d["host"] == host]
+        would = {e["pid"]: e for e in res["signalled"]}
+        assert would[leftover]["reason"] == "pattern" and would[leftover]["ended"] == "would signal"
+        assert router not in would and client not in would, sorted(would)
+        assert sorted((k["pid"], k["kind"]) for k in res["kept"]) == sorted([(router, "router"), (client, "client")])
+        assert "kept: " in res["progress"] and "router pid %d" % router in res["progress"], res["progress"]
+
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert runner.status == "successful", open(runner.stdout.name).read()[-3000:]
+        signalled = {e["pid"] for e in last_stop_result(lab, runner, host)["signalled"]}
+        assert leftover in signalled and not {router, client} & signalled
+        [report] = [d["res"]["msg"] for d in lab.events(runner, "runner_on_ok", "debug")
+                    if d["host"] == host and d["task"] == "Report what was stopped"]
+        assert "kept: router pid %d, client pid %d" % (router, client) in report or \
+            "kept: client pid %d, router pid %d" % (client, router) in report, report
+        after = procs(lab, host)
+        for pid in (router, client):
+            assert pid in after and after[pid]["start"] == before[pid]["start"], after.get(pid)
+        assert leftover not in after
+        assert lab.wait_http(host, timeout_s=10) == 200
+    finally:
+        kill(lab, host, router, client, leftover)

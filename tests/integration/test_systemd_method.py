@@ -277,3 +277,59 @@ def test_root_login_runs_no_sudo_and_the_unit_still_runs_as_the_service_user(sys
     for host in lab.hosts:
         codes = {r["code"] for r in verdicts[host]["reasons"]}
         assert not codes & {"nccl_worker_env", "nccl_check_failed", "not_serving"}, verdicts[host]
+
+
+TITLED = "import sys, time, setproctitle\nsetproctitle.setproctitle(sys.argv[1])\ntime.sleep(600)\n"
+
+
+def spawn_as_service_user(lab, host, title):
+    """A detached process of the unit's user ``sglang`` titled ``title`` (setproctitle, as SGLang and the routers
+    title themselves), started from outside the unit (lab exec): not in the unit's cgroup, as a router started
+    separately is not."""
+    script = "setsid setpriv --reuid=sglang --regid=sglang --clear-groups %s -c %s %s </dev/null >/dev/null 2>&1 " \
+             "& echo $!" % (shlex.quote(lab.host_vars(host)["sglang_python"]), shlex.quote(TITLED), shlex.quote(title))
+    pid = int(lab.exec(host, ["sh", "-c", script], check=True).stdout.split()[-1])
+    deadline = time.time() + 10
+    while not (proc_field(lab, host, pid, "cmdline") or "").startswith(title):
+        assert time.time() < deadline, "%s did not start" % title
+        time.sleep(0.1)
+    return pid
+
+
+def test_a_router_and_a_bench_client_of_the_service_user_survive_a_restart_while_a_leftover_does_not(systemd_lab):
+    """Issue 30 under systemd: the stop ends what the unit's cgroup leaves of the service user's SGLang processes
+    (users: [sglang]); a router (sglang::router) and a client (-m sglang.bench_serving) of that same user, started
+    outside the unit, are kept and named, while a stray scheduler of that user is still ended."""
+    lab = systemd_lab
+    host = lab.hosts[0]
+    ensure_serving(lab, host)
+    router = spawn_as_service_user(lab, host, "sglang::router")
+    client = spawn_as_service_user(lab, host, "python3 -m sglang.bench_serving --backend sglang --num-prompts 900")
+    leftover = spawn_as_service_user(lab, host, "sglang::scheduler_TP5")
+    uid = lab.exec(host, ["id", "-u", "sglang"], check=True).stdout.strip()
+    try:
+        for pid in (router, client, leftover):
+            assert "\nUid:\t%s" % uid in proc_field(lab, host, pid, "status") and not in_unit_cgroup(lab, host, pid)
+        starts = {pid: proc_field(lab, host, pid, "stat").split(") ", 1)[1].split()[19] for pid in (router, client)}
+        # sglang_stop in check mode, as preflight and the stop role call it here (users: the service user, root)
+        dry = lab.run_module("sglang_stop", {"users": "sglang", "remove_stale_shm": False}, hosts=host,
+                             extravars={"ansible_become": True}, check=True)
+        assert dry.status == "successful", stdout_of(dry)[-4000:]
+        [res] = [d["res"] for d in lab.events(dry, "runner_on_ok") if d["host"] == host]
+        would = {e["pid"]: e for e in res["signalled"]}
+        assert would[leftover]["reason"] == "pattern" and would[leftover]["ended"] == "would signal", would
+        assert router not in would and client not in would, sorted(would)
+        assert sorted((k["pid"], k["kind"]) for k in res["kept"]) == sorted([(router, "router"), (client, "client")])
+
+        runner = restart(lab, limit=host)
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+        ended = {e["pid"] for d in lab.events(runner, "runner_on_ok", "sglang_stop") if d["host"] == host
+                 for e in d["res"].get("signalled", []) if e.get("ended") != "would signal"}
+        assert leftover in ended and not {router, client} & ended, ended
+        for pid in (router, client):
+            stat = proc_field(lab, host, pid, "stat")
+            assert stat and stat.split(") ", 1)[1].split()[19] == starts[pid], pid
+        assert proc_field(lab, host, leftover, "stat") is None
+        assert lab.wait_http(host, timeout_s=5) == 200
+    finally:
+        lab.exec(host, ["kill", "-KILL", str(router), str(client), str(leftover)])

@@ -60,6 +60,9 @@ FAULT_KNOBS = {
     "stale_shm": "stale /dev/shm segments nccl-*, sgl_shm_1, cuda.shm.0 (bool|MiB per file)",
     "tokens_per_s": "stand-in /generate speed (float, default 120)",
     "worker_mib": "MiB each stand-in TP worker holds (int, default 120000)",
+    "hang_after_requests": "after N answered /generate requests the stand-in accepts generations and never answers "
+                           "(health still answers); int N, or {\"n\": N, \"with_arg\": TEXT}: only a start whose argv "
+                           "holds TEXT; read at the server's start",
     # GPU and driver faults of the simulated nvidia-smi (gpusim.SMI_FAULT_KNOBS); "GPU 1" = gpusim.FAULT_GPU
     "smi_rc": "nvidia-smi exits 6|9|15|18|255 with the real driver's text (255: GPU 1's row is the error line)",
     "smi_hang_s": "every nvidia-smi call sleeps this long before answering (float)",

@@ -447,3 +447,16 @@ def test_router_drain_and_ready_timeouts_keep_0_and_map_unset_to_the_default(giv
                                    ("sglang_router_ready_timeout_s", "gpufleet_router_ready_timeout_s")):
         values = {} if given == "UNDEFINED" else {playbook_var: given}
         assert env.from_string(defaults[role_var]).render(**values).strip() == expected, role_var
+
+
+def test_the_verify_burst_settings_are_checked_before_the_stop_and_0_requests_turns_it_off():
+    assert run.gpufleet_guard_errors({"sglang_verify_burst_requests": 0, "sglang_verify_burst_concurrency": 8,
+                                      "sglang_verify_burst_max_new_tokens": "8",
+                                      "sglang_verify_burst_timeout_s": "2.5"}) == []
+    [message] = run.gpufleet_guard_errors({"sglang_verify_burst_requests": 99999999999999999999})
+    assert message.startswith("sglang_verify_burst_requests=") and "(0-1000)" in message, message
+    [message] = run.gpufleet_guard_errors({"sglang_verify_burst_concurrency": 65})
+    assert "(1-64)" in message, message
+    [message] = run.gpufleet_guard_errors({"sglang_verify_burst_timeout_s": 0})
+    assert message.startswith("sglang_verify_burst_timeout_s=0 is out of range (more than 0)"), message
+    assert run.gpufleet_guard_errors({"sglang_verify_burst_max_new_tokens": 0})

@@ -244,3 +244,18 @@ def test_process_info_and_cmdline_text_never_show_an_api_key(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("program, sub, kind", [
+    ("sglang::router", None, "router"), ("smg::router", None, "router"),
+    ("sglang_router.launch_router", None, "router"), ("sglang_router.launch_server", None, "router"),
+    ("smg.launch_router", None, "router"), ("/venv/bin/smg", "launch", "router"), ("smg", "serve", "router"),
+    ("/usr/local/bin/sglang-router", None, "router"),
+    ("sglang.bench_serving", None, "client"), ("sglang.bench_one_batch_server", None, "client"),
+    ("sglang.check_env", None, "client"), ("sglang.profiler", None, "client"), ("/venv/bin/sglang", "version", "client"),
+    ("sglang::detokenizer_router", None, None), ("sglang::scheduler_TP0", None, None), ("sglang::server", None, None),
+    ("sglang::tokenizer_worker:77", None, None), ("sglang::data_parallel_controller", None, None),
+    ("sglang.launch_server", None, None), ("sglang.bench_one_batch", None, None), ("/venv/bin/sglang", "serve", None),
+    ("sglang_routerx", None, None), ("smgx.server", None, None), (None, None, None), ("", None, None)])
+def test_sglang_bystander_names_routers_and_clients_and_nothing_of_a_server(program, sub, kind):
+    assert P.sglang_bystander(program, sub) == kind

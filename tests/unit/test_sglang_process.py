@@ -739,10 +739,21 @@ def test_verified_generates_reads_every_worker_and_looks_at_the_socket_in_one_ca
         assert [w["match"] for w in workers["workers"]] == [True, False]
         assert workers["workers"][1]["missing"] == ["NCCL_PROTO"]
         assert result["owner"]["ready"] is True and result["owner"]["pid"] == started["pid"]
-        # Without the key SGLang answers 401: reported with the body, not a failed task.
-        rc, result = _verified(tmp_path, capsys, port, owner=False)
+        # The burst after the single generation, with the bearer, in the same call (before the look).
+        burst = {"url": "http://127.0.0.1:%d/generate" % port, "requests": 12, "concurrency": 4, "timeout_s": 10}
+        rc, result = _verified(tmp_path, capsys, port, api_key="sekret", burst=burst)
+        assert rc == 0 and result["burst"]["ok"] is True and result["burst"]["answered"] == 12, result["burst"]
+        assert result["burst"]["msg"].startswith("12 of 12 answered in ") and result["owner"]["ready"] is True
+        # Without the key SGLang answers 401: reported with the body, not a failed task; no burst after it.
+        rc, result = _verified(tmp_path, capsys, port, owner=False, burst=burst)
         assert rc == 0 and result["generate"]["status"] == 401 and result["generate"]["json"] == {"error": "Unauthorized"}
         assert "owner" not in result and "sekret" not in json.dumps(result)
+        assert result["burst"] == {"skipped": True, "ok": None, "msg": "not sent: the single generation failed first"}
+        # Bad burst settings fail, naming the option; requests 0 is no burst.
+        rc, result = _verified(tmp_path, capsys, port, api_key="sekret", burst=dict(burst, concurrency=0))
+        assert rc == 1 and result["msg"].startswith("burst.concurrency must be 1 to 64"), result
+        rc, result = _verified(tmp_path, capsys, port, api_key="sekret", burst=dict(burst, requests=0))
+        assert rc == 0 and "burst" not in result
     finally:
         _kill_group(started["pid"])
         for child in psutil_children(started["pid"]):

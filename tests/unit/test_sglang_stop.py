@@ -63,9 +63,67 @@ def test_leftovers_match_sglang_titles_and_orphans_only():
         P(16, "grep --line-buffered sglang.launch_server"),           # root's grep (issue 10, finding 7)
         P(17, "x", argv=["bash", "-c", "while :; do pgrep -af sglang::scheduler; sleep 1; done"]),
     ]
-    chosen = stop.select_leftovers(procs, PATTERN, {"sglang"}, set(), PROTECT)
-    assert sorted(p.pid for p, _ in chosen) == [10, 11, 12, 13]
+    kept = []
+    chosen = stop.select_leftovers(procs, PATTERN, {"sglang"}, set(), PROTECT, kept=kept)
+    assert sorted(p.pid for p, _ in chosen) == [10, 11, 13]
     assert {reason for _, reason in chosen} == {"pattern"}
+    # a client of the server, not a process of it (issue 30)
+    assert kept == [{"pid": 12, "cmdline": "python3 -m sglang.bench_serving --num-prompts 10", "user": "sglang",
+                     "kind": "client"}]
+
+
+# Titles and command lines as SGLang, sglang-router and smg write them (setproctitle calls: SGLang 0.5.23
+# srt/managers/scheduler.py, detokenizer_manager.py, data_parallel_controller.py, multi_tokenizer_mixin.py;
+# sgl-router py_src/sglang_router/launch_router.py and launch_server.py; smg bindings/python/src/smg/).
+ROUTER_OR_CLIENT = [
+    (["sglang::router"], "router"),
+    (["smg::router"], "router"),
+    (["python3", "-m", "sglang_router.launch_router", "--worker-urls", "http://10.0.0.1:30000"], "router"),
+    (["/venv/bin/python", "-m", "sglang_router.launch_server", "--model-path", "/m", "--dp-size", "2"], "router"),
+    (["/venv/bin/python", "/venv/bin/smg", "launch", "--worker-urls", "http://10.0.0.1:30000"], "router"),
+    (["/venv/bin/smg", "serve", "--backend", "sglang", "--model-path", "/m"], "router"),
+    (["python3", "-m", "smg.launch_router", "--port", "30080"], "router"),
+    (["python3", "-m", "sglang.bench_serving", "--backend", "sglang", "--num-prompts", "10"], "client"),
+    (["python3", "-m", "sglang.bench_one_batch_server", "--base-url", "http://127.0.0.1:30000"], "client"),
+    (["python", "-m", "sglang.check_env"], "client"),
+    (["python3", "-m", "sglang.profiler", "--url", "http://127.0.0.1:30000"], "client"),
+]
+SERVER_PROCESSES = [
+    ["sglang::scheduler_TP0"], ["sglang::scheduler_DP1_TP3"], ["sglang::scheduler_PP0_TP7"], ["sglang::detokenizer"],
+    ["sglang::detokenizer_router"], ["sglang::tokenizer_worker:4242"], ["sglang::data_parallel_controller"],
+    ["sglang::server"],  # sglang_router.launch_server's server process: an SGLang server
+    ["python3", "-m", "sglang.launch_server", "--model-path", "/m"],
+    ["python3", "-m", "sglang.srt.entrypoints.http_server"],
+    ["python3", "-m", "sglang.bench_one_batch", "--model-path", "/m"],  # runs the model in its own process
+    ["/venv/bin/sglang", "serve", "--model-path", "/m"],
+]
+
+
+@pytest.mark.parametrize("argv,kind", ROUTER_OR_CLIENT, ids=[" ".join(a) for a, _ in ROUTER_OR_CLIENT])
+def test_routers_and_clients_are_never_leftovers_whatever_the_pattern(argv, kind):
+    everything = re.compile(r".*")  # a user pattern that matches every program name
+    for pattern in (PATTERN, everything):
+        kept = []
+        chosen = stop.select_leftovers([P(50, " ".join(argv), argv=argv)], pattern, {"sglang"}, set(), PROTECT,
+                                       kept=kept)
+        if stop.runs_sglang(argv, pattern):
+            assert chosen == [] and [(k["pid"], k["kind"]) for k in kept] == [(50, kind)], pattern.pattern
+    assert stop.kept_note([{"pid": 50, "kind": kind}]) == "kept: %s pid 50" % kind
+
+
+@pytest.mark.parametrize("argv", SERVER_PROCESSES, ids=[" ".join(a) for a in SERVER_PROCESSES])
+def test_server_processes_stay_leftovers_detokenizer_router_included(argv):
+    kept = []
+    chosen = stop.select_leftovers([P(60, " ".join(argv), argv=argv)], PATTERN, {"sglang"}, set(), PROTECT, kept=kept)
+    assert [(p.pid, r) for p, r in chosen] == [(60, "pattern")] and kept == []
+
+
+def test_a_router_in_the_servers_own_process_group_is_the_servers_and_is_stopped():
+    # gpufleet launched sglang_router.launch_server itself (sglang_launcher): its pid file names the router.
+    procs = [P(70, "sglang::router"), P(71, "sglang::server", ppid=70, pgid=71), P(72, "sglang::scheduler_TP0", ppid=71,
+                                                                                  pgid=71)]
+    chosen = stop.select_server(procs, 70, {"sglang"}, set(), PROTECT)
+    assert [(p.pid, r) for p, r in chosen] == [(70, "pid_file"), (71, "process_tree"), (72, "process_tree")]
 
 
 def test_leftovers_never_include_monitors_other_users_self_or_ancestors():

@@ -104,3 +104,31 @@ def test_check_mode_says_the_report_is_of_the_server_that_runs_now_and_asserts_n
     assert rc == 0, tasks
     report = tasks["Report every worker"]["msg"]
     assert report.startswith("check mode, so this is the server that runs now, not restarted") and "1/2" in report
+
+
+VERIFY_ASSERT = "The server generates, every worker carries the NCCL values, and the launched server owns the port"
+BURST_HUNG = {"ok": False, "requests": 32, "concurrency": 8, "answered": 5, "timed_out": 8, "connection_errors": 0,
+              "http_errors": {}, "not_sent": 19, "wall_s": 3.2, "slowest_ms": 40, "first_error": "no answer within 3 s",
+              "timeout_s": 3.0,
+              "msg": "5 of 32 answered in 3.2 s (8 at a time); 8 got no answer within 3 s; 19 not sent after the "
+                     "first request without an answer"}
+
+
+def test_a_burst_that_got_5_of_32_answers_fails_verification_naming_the_counts(tmp_path):
+    rc, tasks = _run(tmp_path, dict(GOOD, burst=BURST_HUNG))
+    msg = tasks[VERIFY_ASSERT]["msg"]
+    assert rc == 2
+    assert msg.startswith("POST http://127.0.0.1:30000/generate burst after the single generation: 5 of 32 answered "
+                          "in 3.2 s (8 at a time); 8 got no answer within 3 s;"), msg
+    assert "sglang_verify_burst_requests=0 turns this check off" in msg and "NCCL" not in msg, msg
+
+
+def test_a_full_burst_passes_and_is_named_in_the_success_line_and_a_skipped_one_adds_no_failure(tmp_path):
+    full = dict(BURST_HUNG, ok=True, answered=32, timed_out=0, not_sent=0, msg="32 of 32 answered in 0.4 s (8 at a time)")
+    rc, tasks = _run(tmp_path, dict(GOOD, burst=full))
+    assert rc == 0, tasks
+    assert "burst: 32 of 32 answered in 0.4 s (8 at a time);" in tasks[VERIFY_ASSERT]["msg"]
+    skipped = {"skipped": True, "ok": None, "msg": "not sent: the single generation failed first"}
+    rc, tasks = _run(tmp_path, dict(GOOD, generate={"status": None, "json": None, "msg": "timed out"}, burst=skipped))
+    msg = tasks[VERIFY_ASSERT]["msg"]
+    assert rc == 2 and "answered ? without generated text (timed out)" in msg and "burst" not in msg, msg

@@ -30,7 +30,9 @@ Fault knobs (HOST_DIR/faults.json, set with ``lab.py fault``): slow_load_s, cras
 worker_ignores_sigterm, orphan_worker (that TP rank double-forks away to the host's PID 1, new session),
 zombie_worker (that TP rank detaches like an orphan, then its main thread exits while a thread holding the
 worker's GPU memory and fds lives on: ``<defunct>``, state Z, memory held until the last thread dies),
-tokens_per_s (read per request), worker_mib.
+tokens_per_s (read per request), worker_mib, hang_after_requests (after N answered generations, a
+generation is accepted and never answered; int N, or {"n": N, "with_arg": TEXT} for a start whose argv holds TEXT
+only; read once at the start, so a relaunch after the knob was cleared serves normally).
 
 Real-GPU mode (opt-in, for tests/gpu/real_restart.sh on a machine with NVIDIA GPUs and torch): with
 ``GPUFLEET_STANDIN_CUDA_MIB=N`` in the server's environment each TP worker allocates N MiB with torch on
@@ -375,6 +377,38 @@ class Server:
         self.worker_pids = {}
         self.util_sock = None
         self.expected_exit = False
+        self.hang_after = None  # lab fault hang_after_requests, decided once at the start (hang_after_of)
+        self.answered = 0
+
+    @staticmethod
+    def hang_after_of(knob, argv):
+        """Answers before the hang for the fault knob ``hang_after_requests`` (int N, or {"n": N, "with_arg": TEXT}
+        for a start whose argv holds TEXT only), None when it does not apply to this start. Read once at the
+        start: a server relaunched after the knob was cleared, or with other flags, answers forever."""
+        if knob is None or knob is False:
+            return None
+        if isinstance(knob, dict):
+            if knob.get("with_arg") and not any(str(knob["with_arg"]) in a for a in argv):
+                return None
+            knob = knob.get("n")
+        return max(0, int(knob))
+
+    def hang_now(self):
+        """True once this server answered its hang_after_requests generations: from then on a generation is
+        accepted and never answered (a hung scheduler, sgl-project/sglang#22779). It is not counted in flight,
+        so SIGTERM still ends the server; /health and /health_generate keep answering."""
+        if self.hang_after is None:
+            return False
+        with self.lock:
+            if self.answered < self.hang_after:
+                self.answered += 1
+                return False
+            first = self.answered == self.hang_after
+            self.answered += 1
+        if first:
+            log("lab fault hang_after_requests: %d generation(s) answered; accepting and never answering from now"
+                % self.hang_after)
+        return True
 
     # -- lifecycle --------------------------------------------------------------------------------
     def spawn_workers(self, f):
@@ -630,6 +664,10 @@ class Server:
                     body = json.loads(raw or b"{}")
                 except ValueError:
                     return self._send(400, {"error": {"message": "invalid JSON body"}})
+                if path == "/generate" and server.hang_now():
+                    import threading
+                    threading.Event().wait()  # the client's timeout ends it; the daemon thread dies with us
+                    return None
                 if path == "/generate" and body.get("stream"):
                     return self._stream(body)
                 if path == "/generate":
@@ -645,6 +683,7 @@ class Server:
         import threading
         from http.server import ThreadingHTTPServer
         f = faults()
+        self.hang_after = self.hang_after_of(f.get("hang_after_requests"), self.argv)
         log("server_args=ServerArgs(%s)" % ", ".join("%s=%r" % kv for kv in sorted(vars(self.args).items())
                                                      if kv[1] not in (None, False)))
         # NCCL and SGLang map segments in /dev/shm; when it is full the first write faults: SIGBUS (FIELD-NOTES).
@@ -667,6 +706,9 @@ class Server:
             self.kill_tree_and_exit(1)
         try:
             ThreadingHTTPServer.daemon_threads = True
+            # uvicorn's listen backlog (2048), not socketserver's 5: a burst of 8 connects would otherwise lose SYNs
+            # and wait 1 s for their retransmission.
+            ThreadingHTTPServer.request_queue_size = 2048
             httpd = ThreadingHTTPServer((self.args.host, int(self.args.port)), self.make_handler())
         except OSError as exc:
             log("ERROR: [Errno %s] error while attempting to bind on address (%r, %d): %s" % (
