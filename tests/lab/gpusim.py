@@ -204,8 +204,9 @@ def gpu_snapshot(host_dir, now=None):
         if rel == "never" or rel is None or (isinstance(rel, (int, float)) and rel > now):
             g = gpus[a["gpu"]]
             g["used_mib"] += int(a["mib"]) + CONTEXT_OVERHEAD_MIB
-            # released_at is None exactly while the holder's connection to gpusimd is open (it is alive)
-            if rel is None:
+            # released_at is None exactly while the holder's connection to gpusimd is open (it is alive); a
+            # hidden holder (knob hidden_holder: a process of another PID namespace) is never listed
+            if rel is None and not a.get("hidden"):
                 name = (inside and process_name(a["pid"])) or a.get("name") or "python3"
                 g["apps"].append({"pid": a["pid"], "name": name, "used_mib": int(a["mib"])})
     for g in gpus:
@@ -217,8 +218,9 @@ def gpu_snapshot(host_dir, now=None):
 # ---------------------------------------------------------------------------------------------------
 # Holder client (used by the stand-in workers and tests)
 # ---------------------------------------------------------------------------------------------------
-def hold(gpu, mib, name=None, pid=None):
+def hold(gpu, mib, name=None, pid=None, hidden=False):
     """Register ``mib`` MiB on GPU ``gpu`` for this process; returns the socket (keep it open to hold).
+    ``hidden``: the memory counts, but ``--query-compute-apps`` never lists the holder (knob hidden_holder).
 
     Raises OSError when the host has no gpusimd (not inside a lab host's network namespace).
     """
@@ -231,6 +233,8 @@ def hold(gpu, mib, name=None, pid=None):
         msg["name"] = name
     if pid:
         msg["pid"] = int(pid)
+    if hidden:
+        msg["hidden"] = True
     s.sendall((json.dumps(msg) + "\n").encode())
     reply = b""
     while not reply.endswith(b"\n"):

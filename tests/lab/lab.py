@@ -72,6 +72,9 @@ FAULT_KNOBS = {
     "nvlink_down": "NVLink link N of GPU 1 is <inactive> (int)",
     "gpus_visible": "nvidia-smi lists only the first N GPUs (int)",
     "xid": "Xid line(s) for GPU 1 in the simulated kernel log <host dir>/kmsg (int|list)",
+    # A container's process: holds GPU memory, but nvidia-smi --query-compute-apps lists it not (another PID
+    # namespace); it has only /dev/nvidiactl and /dev/nvidia-uvm open. Cleared faults end it.
+    "hidden_holder": "a process nvidia-smi does not list holds MiB on a GPU, e.g. {\"gpu\": 3, \"mib\": 20000} (dict)",
 }
 
 
