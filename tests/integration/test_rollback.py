@@ -578,3 +578,57 @@ def test_prespawn_copy_is_patched_verified_and_put_back_with_engine_py(lab):
         # Back to the group's configuration (the launch record held SGLANG_PRESPAWN_WORKERS).
         runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=FAST)
         assert runner.status == "successful", stdout_of(runner)[-4000:]
+
+
+@pytest.mark.lab_only_once
+def test_memory_unreadable_after_the_stop_relaunches_the_previous_server_and_says_so(lab):
+    """Issue 30: memory.used reads [N/A] only once the stop freed the GPUs (preflight read it fine): the wait fails at
+    once saying "unreadable", and the rollback relaunches the previous server without a memory check (it ran on these
+    GPUs a moment ago); its own readiness decides, and the note says exactly that."""
+    host = lab.hosts[0]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    lab.fault(host, smi_field_values={"memory.used": "[N/A]"}, smi_field_values_when_free=True)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=changed_config(lab, host))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "wait"
+        cause = facts(lab, runner, host, "_gpufleet_failed_cause")
+        assert "memory.used unreadable (nvidia-smi reads '[N/A]')" in cause and "held" not in cause, cause
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        detail = rollback["detail"]
+        assert "GPU memory could not be read (GPU 0 (GPU-" in detail
+        assert "relaunched without a memory check" in detail and "as pid %d" % rollback["pid"] in detail
+        assert "held" not in detail and "second wait" not in detail, detail
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+    finally:
+        lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_a_holder_no_gpu_list_names_is_waited_beside_and_the_summary_names_its_memory(lab):
+    """Issue 30: 5000 MiB on GPU 3 held by a process nvidia-smi does not list (knob hidden_holder), little enough for
+    SGLang's TP memory-balance check: the old server ran beside it, so the wait waits for the server's own memory
+    only, the new server starts beside it and the summary names the memory left to its holder."""
+    host = lab.hosts[1 % len(lab.hosts)]
+    before_pid = ensure_serving(lab, host)
+    lab.fault(host, hidden_holder={"gpu": 3, "mib": 5000})
+    try:
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=FAST)
+        out = stdout_of(runner)
+        assert runner.status == "successful", out[-4000:]
+        row = [d for d in lab.events(runner, "playbook_on_stats")][-1]["artifact_data"]["gpufleet_restart"][host]
+        assert row["result"] == "ok", row
+        # 5000 MiB and its context, and the 9 MiB context of the server's worker no process row counts
+        assert "left to them (GPU 3: 5018 MiB): the wait after the stop waited for the server's own memory" \
+            in row["advice"], row
+        [waited] = [d for d in lab.events(runner, "runner_on_ok", "sglang_stop") if d["task"].startswith("Stop the")]
+        assert waited["res"]["gpu_wait"]["baseline_mib"] == {"3": 5018} and waited["res"]["gpu_wait"]["ready"]
+        pid = server_pid(lab, host)
+        assert pid != before_pid and lab.wait_http(host, timeout_s=30) == 200
+        gpu3 = lab.gpus(host)[3]
+        assert gpu3["used_mib"] == 120009 + 5009 and [a["used_mib"] for a in gpu3["apps"]] == [120000]
+    finally:
+        lab.clear_faults(host)

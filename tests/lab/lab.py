@@ -65,6 +65,7 @@ FAULT_KNOBS = {
     "smi_hang_s": "every nvidia-smi call sleeps this long before answering (float)",
     "smi_cost_ms": "least age of an nvidia-smi process, ms (float, default 28: with the caller's fork/exec about the real H200 median; 0 = none)",
     "smi_field_values": "{field: raw} printed for every GPU, e.g. {\"memory.used\": \"[N/A]\"} (dict)",
+    "smi_field_values_when_free": "smi_field_values only on GPUs with no memory in use: unreadable once a stop freed them (bool)",
     "ecc_errors": "GPU 1 reports N corrected and N uncorrected ECC errors, volatile and aggregate (int)",
     "remap_pending": "GPU 1 has a pending row remap, 1 uncorrectable row (bool)",
     "throttle": "GPU 1's active clock event reasons, e.g. hw_slowdown (str|list)",
