@@ -408,6 +408,9 @@ def test_memory_of_a_holder_no_gpu_list_names_refuses_when_sglang_would_not_star
     host, pids = serving
     fleet.fault(host, hidden_holder={"gpu": 3, "mib": 20000})
     try:
+        deadline = time.time() + 10  # the host's init starts the holder on the fault's SIGHUP
+        while time.time() < deadline and fleet.gpus(host)[3]["used_mib"] < 140000:
+            time.sleep(0.1)
         gpu3 = fleet.gpus(host)[3]
         assert gpu3["used_mib"] >= 140000 and all(a["used_mib"] == 120000 for a in gpu3["apps"])
         runner = fleet.run_playbook(RESTART, limit=host)

@@ -616,6 +616,9 @@ def test_a_holder_no_gpu_list_names_is_waited_beside_and_the_summary_names_its_m
     before_pid = ensure_serving(lab, host)
     lab.fault(host, hidden_holder={"gpu": 3, "mib": 5000})
     try:
+        deadline = time.time() + 10  # the host's init starts the holder on the fault's SIGHUP
+        while time.time() < deadline and lab.gpus(host)[3]["used_mib"] < 125000:
+            time.sleep(0.1)
         runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=FAST)
         out = stdout_of(runner)
         assert runner.status == "successful", out[-4000:]
