@@ -447,3 +447,17 @@ def test_router_drain_and_ready_timeouts_keep_0_and_map_unset_to_the_default(giv
                                    ("sglang_router_ready_timeout_s", "gpufleet_router_ready_timeout_s")):
         values = {} if given == "UNDEFINED" else {playbook_var: given}
         assert env.from_string(defaults[role_var]).render(**values).strip() == expected, role_var
+
+
+def test_ok_row_names_memory_left_to_holders_no_gpu_list_names():
+    row = run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.34, nccl_ok=True,
+                                        foreign_gpu_mib={"5": 4009, "3": 20018}))
+    assert row["result"] == "ok"
+    assert row["advice"] == ("GPU memory held by processes no GPU list names was there while the old server ran and "
+                             "was left to them (GPU 3: 20018 MiB, GPU 5: 4009 MiB): the wait after the stop waited "
+                             "for the server's own memory only")
+    # nothing stopped (refused, check mode): nothing was waited beside
+    assert "no GPU list names" not in str(run.gpufleet_restart_row(
+        dict(BASE, stop_started_epoch=None, new_pid=None, foreign_gpu_mib={"3": 20018}))["advice"])
+    assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.34, nccl_ok=True, foreign_gpu_mib={}))["advice"] \
+        is None
