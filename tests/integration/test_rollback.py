@@ -635,3 +635,33 @@ def test_a_holder_no_gpu_list_names_is_waited_beside_and_the_summary_names_its_m
         assert gpu3["used_mib"] == 120009 + 5009 and [a["used_mib"] for a in gpu3["apps"]] == [120000]
     finally:
         lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_a_failed_launch_beside_a_holder_no_gpu_list_names_relaunches_the_previous_server_beside_it(lab):
+    """Issue 30: the rollback's wait too counts the memory others held while the old server ran (preflight's
+    baseline): it relaunches the previous server beside it at once instead of waiting for memory that never goes."""
+    host = lab.hosts[1 % len(lab.hosts)]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    lab.fault(host, hidden_holder={"gpu": 5, "mib": 3000}, crash_with_arg="--max-running-requests")
+    try:
+        deadline = time.time() + 10  # the host's init starts the holder on the fault's SIGHUP
+        while time.time() < deadline and lab.gpus(host)[5]["used_mib"] < 123000:
+            time.sleep(0.1)
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(
+            changed_config(lab, host, {"max-running-requests": 7}), gpu_memory_wait_timeout_s=20))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "launch"
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        [waited] = [d for d in lab.events(runner, "runner_on_ok", "nvidia_gpu_wait")
+                    if d["task"] == "Rollback - wait until GPU memory is released"]
+        assert waited["res"]["ready"] and waited["res"]["baseline_mib"] == {"5": 3018}, waited["res"]
+        row = [d for d in lab.events(runner, "playbook_on_stats")][-1]["artifact_data"]["gpufleet_restart"][host]
+        assert row["result"] == "rolled_back" and "left to them (GPU 5: 3018 MiB)" in row["advice"], row
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+        assert lab.gpus(host)[5]["used_mib"] == 120009 + 3009  # the holder kept its memory all along
+    finally:
+        lab.clear_faults(host)
