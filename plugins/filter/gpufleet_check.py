@@ -23,6 +23,11 @@ import datetime
 import math
 import time
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
+    unreadable_text,
+    unreadable_wait_fields,
+)
+
 SEVERITY_RANK = {"OK": 0, "WARN": 1, "CRIT": 2}
 
 # Defaults of the fleet_check role (roles/fleet_check/defaults/main.yml), for callers without the role.
@@ -165,6 +170,11 @@ def gpu_reasons(gpu_result, config=None, server_running=None, server_pids=None):
                                    % (mig_cur, mig_want), i))
         elif mig_pend and mig_pend not in ("n/a", "none") and mig_cur and mig_pend != mig_cur:
             reasons.append(_reason("WARN", "mig_pending", "MIG mode becomes %s at the next GPU reset" % mig_pend, i))
+    # Fields the restart's GPU memory wait reads: restart.yml refuses the host while one reads no number.
+    for entry in unreadable_wait_fields(gpu_result):
+        reasons.append(_reason("CRIT", "gpu_field_unreadable", "%s: a restart would be refused (its GPU memory wait "
+                               "could not tell when memory is free); nvidia-smi -q -i %s, Xid in the kernel log, a "
+                               "GPU reset or reboot" % (unreadable_text(entry), entry.get("index")), entry.get("index")))
     # Xid events of the window, by the severity map; unreadable is unknown, never "none".
     status = gpu_result.get("xid_status")
     if status == "unknown":

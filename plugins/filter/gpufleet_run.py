@@ -584,7 +584,9 @@ def gpufleet_restart_row(facts):
     ``old_pid`` when this run stopped nothing, e.g. a failure before the stop or ``--check``); ``previous_run``
     (the owner record of a restart lock this run took over: a run that did not finish, e.g. interrupted; keys
     run_id, controller, started, started_epoch (host epoch s)): on a host where no server ran, the note says
-    that run most likely left it down, and since when at most.
+    that run most likely left it down, and since when at most; ``foreign_gpu_mib`` (``{GPU index: MiB}`` held by
+    processes no GPU list names while the old server ran, preflight's baseline): the advice names it when the run
+    stopped the server.
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
     ``advice`` (what to do next; on a row that is ok, only a note: "no server ran before this run ..." when
@@ -706,6 +708,13 @@ def gpufleet_restart_row(facts):
         note = ("launched but not verified (the verify phase did not run): nothing checked generation or the NCCL "
                 "values in the workers, and the launch was not recorded for a later rollback: check it with "
                 "playbooks/restart.yml -e target=%s --tags verify (a full rerun also records it)" % host)
+        row["advice"] = "%s; %s" % (row["advice"], note) if row["advice"] else note
+    # Memory others held while the old server ran (preflight's baseline): the wait left it to them; say whose it is.
+    foreign = f.get("foreign_gpu_mib")
+    if isinstance(foreign, Mapping) and foreign and stopped:
+        note = ("GPU memory held by processes no GPU list names was there while the old server ran and was left to "
+                "them (%s): the wait after the stop waited for the server's own memory only"
+                % ", ".join("GPU %s: %s MiB" % kv for kv in sorted(foreign.items(), key=lambda kv: int(kv[0]))))
         row["advice"] = "%s; %s" % (row["advice"], note) if row["advice"] else note
     # Nothing ran before this run: no memory was released, whatever the wait's first poll took.
     row["release_wait_ms"] = _num(f.get("release_wait_ms")) if was_serving else None

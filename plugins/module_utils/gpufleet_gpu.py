@@ -12,7 +12,8 @@ Both backends return the same dictionaries, so a module never cares which one an
   "memory_reserved_mib"}]`` (the cheap call the wait loop polls; a GPU whose memory.used / memory.total
   cannot be read raises :class:`FieldUnavailableError`)
 * :meth:`Backend.compute_processes` -> ``[{"gpu_index", "gpu_uuid", "pid", "used_memory_mib",
-  "process_name"}]``
+  "process_name"}]``; afterwards ``backend.apps_unreadable`` is ``{index: {"compute_apps" |
+  "compute_apps.pid" | "compute_apps.used_memory": raw text}}`` for what the last call could not read
 * :meth:`Backend.nvlinks` -> ``{index: [link]}`` (see :data:`NVLINK_COUNTERS`); ``[]`` on a GPU without
   NVLink peers (recordings/h200x1-health-driver580: NVML NotSupported, ``nvidia-smi nvlink -s`` empty)
 
@@ -61,6 +62,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_errors
     first_lines,
     lost_message,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import baseline_text, wait_limit
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import (
     MissingLibraryError,
     clean_text,
@@ -242,6 +244,7 @@ class NvmlBackend:
         self._inventory = None
         self._open = False
         self._memory_v2 = True
+        self.apps_unreadable = {}
 
     # -- session --
     def open(self):
@@ -408,7 +411,8 @@ class NvmlBackend:
             self._raise(exc, what, index)
         bus = self._bus(index)
         err = FieldUnavailableError(
-            "NVML: %s: %s\nGPU %s%s cannot report memory.used / memory.total. %s"
+            "NVML: %s: %s\nGPU %s%s: memory.used / memory.total unreadable, so whether its memory is free cannot "
+            "be told. %s"
             % (what, exc, index, " (%s)" % bus if bus else "", FIELD_HINT))
         err.gpu, err.field, err.raw = index, "memory.used", str(exc)
         raise err
@@ -579,6 +583,7 @@ class NvmlBackend:
         n = self._n
         handles = self._handle_list()
         out = []
+        self.apps_unreadable = {}
         for g in self.inventory():
             if indices is not None and g["index"] not in indices:
                 continue
@@ -586,10 +591,15 @@ class NvmlBackend:
                 procs = n.nvmlDeviceGetComputeRunningProcesses(handles[g["index"]])
             except n.NVMLError as exc:
                 if getattr(exc, "value", None) in (n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_NO_PERMISSION):
+                    self.apps_unreadable.setdefault(g["index"], {})["compute_apps"] = _nvml_text(
+                        exc, "nvmlDeviceGetComputeRunningProcesses")
                     continue
                 self._raise(exc, "nvmlDeviceGetComputeRunningProcesses", g["index"])
             for p in procs:
                 used = getattr(p, "usedGpuMemory", None)
+                if used is None:
+                    self.apps_unreadable.setdefault(g["index"], {})["compute_apps.used_memory"] = (
+                        "NVML: usedGpuMemory not available (nvmlDeviceGetComputeRunningProcesses)")
                 out.append({"gpu_index": g["index"], "gpu_uuid": g["uuid"], "pid": int(p.pid),
                             "used_memory_mib": bytes_to_mib(used) if used is not None else None,
                             "process_name": None})
@@ -776,6 +786,7 @@ class SmiBackend:
         # it never reads details.
         self._prefetch = prefetch_details
         self._details_rows = None
+        self.apps_unreadable = {}
 
     def open(self):
         """Probe with a query so a missing driver fails here, before any real work: the inventory query, or
@@ -898,8 +909,8 @@ class SmiBackend:
             for key, field in REQUIRED_MEMORY_FIELDS:
                 if r[key] is None:
                     err = FieldUnavailableError(
-                        "GPU %s (%s): nvidia-smi %s reads %r. The wait needs it to tell whether memory is free. %s"
-                        % (r["index"], r["uuid"], field, raw.get(key, ""), FIELD_HINT))
+                        "GPU %s (%s): %s unreadable (nvidia-smi reads %r), so whether its memory is free cannot be "
+                        "told. %s" % (r["index"], r["uuid"], field, raw.get(key, ""), FIELD_HINT))
                     err.gpu, err.field, err.raw = r["index"], field, raw.get(key, "")
                     raise err
             out.append(r)
@@ -977,12 +988,19 @@ class SmiBackend:
         by_uuid = {g["uuid"]: g["index"] for g in self.inventory()}
         by_bus = {(g["pci_bus_id"] or "").lower(): g["index"] for g in self.inventory()}
         out = []
+        self.apps_unreadable = {}
         for r in self._query("query-compute-apps", SMI_APPS_QUERY):
             idx = by_uuid.get(r["gpu_uuid"])
             if idx is None:
                 idx = by_bus.get((r["gpu_bus_id"] or "").lower())
             if indices is not None and idx not in indices:
                 continue
+            raw = r.get("_raw") or {}
+            for key, field in (("pid", "compute_apps.pid"), ("used_memory_mib", "compute_apps.used_memory")):
+                if r[key] is None:
+                    self.apps_unreadable.setdefault(idx, {})[field] = raw.get(key, "")
+            if r["pid"] is None:
+                continue  # a row without a pid names no process; the field is reported through apps_unreadable
             out.append({"gpu_index": idx, "gpu_uuid": r["gpu_uuid"], "pid": r["pid"],
                         "used_memory_mib": r["used_memory_mib"], "process_name": r["process_name"]})
         return out
@@ -1189,32 +1207,40 @@ def gpu_processes(backend, indices, scan_fds=True, proc_root="/proc", exclude_pi
 # --------------------------------------------------------------------------------------------------------
 # waiting
 
-def gpus_ready(memory_rows, max_used_mib, processes=None):
-    """Indices (from ``memory_rows``) that still fail: used > max_used_mib, or, when ``processes`` (a
+def _over(m, max_used_mib, baseline_mib):
+    return m["memory_used_mib"] is None or m["memory_used_mib"] > wait_limit(m["index"], max_used_mib, baseline_mib)
+
+
+def gpus_ready(memory_rows, max_used_mib, processes=None, baseline_mib=None):
+    """Indices (from ``memory_rows``) that still fail: used > max_used_mib (plus the GPU's ``baseline_mib``: memory
+    others held while the old server ran, :func:`gpufleet_gpu_memory.wait_limit`), or, when ``processes`` (a
     compute-process list) is given, still running a compute process."""
     busy_pids = {}
     for p in processes or ():
         busy_pids.setdefault(p["gpu_index"], []).append(p["pid"])
-    return [m["index"] for m in memory_rows
-            if (m["memory_used_mib"] is None or m["memory_used_mib"] > max_used_mib) or busy_pids.get(m["index"])]
+    return [m["index"] for m in memory_rows if _over(m, max_used_mib, baseline_mib) or busy_pids.get(m["index"])]
 
 
-def progress_text(memory_rows, busy, max_used_mib, elapsed_s, timeout_s, processes=None):
+def progress_text(memory_rows, busy, max_used_mib, elapsed_s, timeout_s, processes=None, baseline_mib=None):
     """One line for the operator: "GPU memory: 3 of 8 GPUs above 1024 MiB (max 30012 MiB on GPU 2),
     20 s of 120 s" (or "all 8 GPUs at or below 1024 MiB ..."); GPUs under the limit that still run a
-    compute process are counted apart."""
+    compute process are counted apart. With a ``baseline_mib``, the memory others held is named and its GPUs
+    count as free at that memory plus ``max_used_mib``."""
     total = len(memory_rows)
-    over = [m for m in memory_rows if m["memory_used_mib"] is None or m["memory_used_mib"] > max_used_mib]
+    beside = (" (plus what others held while the old server ran: %s)" % baseline_text(baseline_mib)
+              if baseline_mib else "")
+    over = [m for m in memory_rows if _over(m, max_used_mib, baseline_mib)]
     with_procs = sorted(set(busy) - {m["index"] for m in over})
     clock = "%d s of %g s" % (int(round(elapsed_s)), timeout_s)
     if not busy:
-        return "GPU memory: all %d GPUs at or below %d MiB%s, after %.2f s of %g s" % (
-            total, max_used_mib, " with no compute process" if processes is not None else "", elapsed_s, timeout_s)
+        return "GPU memory: all %d GPUs at or below %d MiB%s%s, after %.2f s of %g s" % (
+            total, max_used_mib, beside, " with no compute process" if processes is not None else "", elapsed_s,
+            timeout_s)
     parts = []
     if over:
         top = max(over, key=lambda m: m["memory_used_mib"] or 0)
-        parts.append("%d of %d GPUs above %d MiB (max %s MiB on GPU %d)" % (
-            len(over), total, max_used_mib, top["memory_used_mib"], top["index"]))
+        parts.append("%d of %d GPUs above %d MiB%s (max %s MiB on GPU %d)" % (
+            len(over), total, max_used_mib, beside, top["memory_used_mib"], top["index"]))
     if with_procs:
         parts.append("%d GPU%s under the limit still running a compute process (GPU %s)" % (
             len(with_procs), "" if len(with_procs) == 1 else "s", ", ".join(str(i) for i in with_procs)))
@@ -1222,13 +1248,16 @@ def progress_text(memory_rows, busy, max_used_mib, elapsed_s, timeout_s, process
 
 
 def wait_for_memory(backend, indices, max_used_mib, require_no_processes=False, poll_interval_ms=50,
-                    timeout_s=120.0, clock=time.monotonic, sleep=time.sleep, slice_s=None, elapsed_before_s=0.0):
+                    timeout_s=120.0, clock=time.monotonic, sleep=time.sleep, slice_s=None, elapsed_before_s=0.0,
+                    baseline_mib=None):
     """Poll ``backend`` until every GPU in ``indices`` has memory_used_mib <= max_used_mib (and, with
     ``require_no_processes``, no compute process), or ``timeout_s`` passes.
 
     ``elapsed_before_s``: seconds of this wait already spent by earlier calls (the role waits in slices);
     the whole wait ends at ``timeout_s`` counted from there. ``slice_s``: return after at most this many
-    seconds of this call even if the whole wait has time left (``"slice_ended": True``).
+    seconds of this call even if the whole wait has time left (``"slice_ended": True``). ``baseline_mib``
+    (``{index: MiB}``, keys str or int): memory others held on a GPU while the old server ran; that GPU counts as
+    free at that plus ``max_used_mib`` (the server's own memory released).
 
     One backend session serves all polls. Polls are spaced ``poll_interval_ms`` apart from their start, so
     a slow nvidia-smi call does not stretch the period. The compute-process list is read only once memory
@@ -1247,18 +1276,18 @@ def wait_for_memory(backend, indices, max_used_mib, require_no_processes=False, 
     while True:
         polls += 1
         mem = backend.memory(indices)
-        busy = gpus_ready(mem, max_used_mib)
+        busy = gpus_ready(mem, max_used_mib, baseline_mib=baseline_mib)
         procs = None
         if not busy and require_no_processes:
             procs = backend.compute_processes(indices)
-            busy = gpus_ready(mem, max_used_mib, procs)
+            busy = gpus_ready(mem, max_used_mib, procs, baseline_mib=baseline_mib)
         now = clock()
         if not busy or now >= deadline - 1e-6:  # tolerance: float sums of the period must not add a poll
             elapsed_s = elapsed_before_s + (now - start)
             return {"ready": not busy, "elapsed_ms": int(round(elapsed_s * 1000)), "polls": polls,
                     "memory": mem, "processes": procs, "busy": busy,
                     "slice_ended": bool(busy) and now < total_deadline - 1e-6,
-                    "progress": progress_text(mem, busy, max_used_mib, elapsed_s, timeout_s, procs)}
+                    "progress": progress_text(mem, busy, max_used_mib, elapsed_s, timeout_s, procs, baseline_mib)}
         # Fixed cadence from each poll's start; a poll slower than the period is followed at once.
         next_poll = max(next_poll + period, now)
         sleep(max(0.0, min(next_poll, deadline) - now))

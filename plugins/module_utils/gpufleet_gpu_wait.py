@@ -9,7 +9,8 @@ Two ways to end: :func:`wait_or_fail` for ``nvidia_gpu_wait`` (the module fails 
 only reports the wait (``sglang_stop``): errors become keys of the returned mapping, nothing raises.
 Options (:data:`WAIT_OPTIONS`, the ``argument_spec`` of nvidia_gpu_wait and of sglang_stop's ``gpu_wait``):
 ``gpus``, ``max_used_mib``, ``require_no_processes``, ``poll_interval_ms``, ``timeout_s``, ``slice_s``,
-``started_at``, ``expected_count``, ``backend``.
+``started_at``, ``expected_count``, ``backend``, ``baseline_mib`` (``{GPU index: MiB}`` others held while the old
+server ran: such a GPU counts as free at that plus ``max_used_mib``; sglang_preflight measures it).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import
     resolve_selectors,
     wait_for_memory,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import baseline_text, wait_limit
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import MissingLibraryError
 
 WAIT_OPTIONS = dict(
@@ -36,6 +38,7 @@ WAIT_OPTIONS = dict(
     started_at=dict(type="float"),
     expected_count=dict(type="int"),
     backend=dict(type="str", choices=list(BACKEND_CHOICES), default="auto"),
+    baseline_mib=dict(type="dict", default={}),
 )
 
 _CMDLINE_MAX = 160
@@ -52,7 +55,8 @@ def _proc_text(p):
     return "pid %d%s: %s" % (p["pid"], mem, _short(p.get("cmdline") or p.get("name")))
 
 
-def timeout_message(outcome, gpus, max_used_mib, timeout_s, require_no_processes=False, device_holders=None):
+def timeout_message(outcome, gpus, max_used_mib, timeout_s, require_no_processes=False, device_holders=None,
+                    baseline_mib=None):
     """Operator message for a timeout: each busy GPU, its MiB and its processes (pid, cmdline).
 
     Processes the backend lists on that GPU (they own its memory) come first; processes that only have
@@ -82,9 +86,14 @@ def timeout_message(outcome, gpus, max_used_mib, timeout_s, require_no_processes
         if monitors:
             held += "; monitors with it open (they hold no memory, leave them): " + "; ".join(
                 _proc_text(p) for p in monitors)
-        parts.append("GPU %d (%s): %s MiB used, %s" % (gpu["index"], gpu["uuid"], gpu["memory_used_mib"], held))
-    condition = "at most %d MiB used%s per GPU" % (
-        max_used_mib, " and no compute process" if require_no_processes else "")
+        base = wait_limit(gpu["index"], 0, baseline_mib)
+        parts.append("GPU %d (%s): %s MiB used%s, %s" % (
+            gpu["index"], gpu["uuid"], gpu["memory_used_mib"],
+            " (%d MiB of it held by others while the old server ran)" % base if base else "", held))
+    condition = "at most %d MiB used%s per GPU%s" % (
+        max_used_mib, " and no compute process" if require_no_processes else "",
+        " beyond what others held while the old server ran (%s)" % baseline_text(baseline_mib)
+        if baseline_mib else "")
     if any_owner:
         todo = ("Stop these processes (role sglang_stop, or kill the pids listed) and run again; "
                 "raise timeout_s if the release is just slow.")
@@ -118,9 +127,10 @@ def run_wait(backend, params, fallback_reason=None, exclude_pids=None, started_a
     indices = resolve_selectors(params["gpus"], backend.inventory())
     started_at = now() if started_at is None else float(started_at)
     before = max(0.0, now() - started_at)
+    baseline = params.get("baseline_mib") or {}
     outcome = wait_for_memory(backend, indices, params["max_used_mib"], params["require_no_processes"],
                               params["poll_interval_ms"], params["timeout_s"], slice_s=params.get("slice_s"),
-                              elapsed_before_s=before)
+                              elapsed_before_s=before, baseline_mib=baseline)
     busy = set(outcome["busy"])
     gpus = []
     for m in outcome["memory"]:
@@ -146,6 +156,7 @@ def run_wait(backend, params, fallback_reason=None, exclude_pids=None, started_a
         "ready": outcome["ready"],
         "started_at": round(started_at, 3),
         "progress": outcome["progress"],
+        "baseline_mib": baseline,
     }
     if not final_timeout:
         return True, result, None
@@ -153,7 +164,7 @@ def run_wait(backend, params, fallback_reason=None, exclude_pids=None, started_a
     result["device_holders"] = holders or []
     result["error_class"] = "not_released"
     return False, result, timeout_message(outcome, gpus, params["max_used_mib"], params["timeout_s"],
-                                          params["require_no_processes"], holders)
+                                          params["require_no_processes"], holders, baseline)
 
 
 def bad_option(params):

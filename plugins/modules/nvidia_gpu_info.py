@@ -281,7 +281,9 @@ gpus:
                             type: bool}
     unsupported:
       description: "Fields of this GPU that read null, each with the driver's raw answer: nvidia-smi's text
-        (C([N/A]), C([Not Supported]), C([Unknown Error])) or the NVML error and call."
+        (C([N/A]), C([Not Supported]), C([Unknown Error])) or the NVML error and call. With processes, also
+        C(compute_apps) (the list could not be read), C(compute_apps.pid) and C(compute_apps.used_memory) (a row's
+        field read no number)."
       type: dict
       sample: {retired_pages_pending: "[N/A]"}
     nvlinks:
@@ -448,7 +450,8 @@ def only_fields(gpus, keys):
     out = []
     for gpu in gpus:
         cut = {k: gpu[k] for k in keys if k in gpu}
-        unsupported = {k: v for k, v in (gpu.get("unsupported") or {}).items() if k in keys}
+        unsupported = {k: v for k, v in (gpu.get("unsupported") or {}).items()
+                       if k in keys or ("processes" in keys and k.startswith("compute_apps"))}
         if unsupported:
             cut["unsupported"] = unsupported
         out.append(cut)
@@ -483,8 +486,11 @@ def gather(backend, selectors, processes=True, fallback_reason=None, exclude_pid
     holders = None  # not read: not the same as "no process holds a GPU" ([])
     if processes:
         per_gpu, holders = gpu_processes(backend, indices, exclude_pids=exclude_pids)
+        unreadable = getattr(backend, "apps_unreadable", None) or {}
         for gpu in gpus:
             gpu["processes"] = per_gpu.get(gpu["index"], [])
+            # The compute-apps list (or a pid / used_memory in it) the backend could not read, raw text as read.
+            gpu.setdefault("unsupported", {}).update(unreadable.get(gpu["index"], {}))
         # The GPUs asked for: a holder of another GPU only is not one of theirs.
         chosen = set(indices)
         holders = [h for h in holders if not h.get("gpu_indices") or chosen & set(h["gpu_indices"])]

@@ -41,6 +41,15 @@ options:
         this test. Add I(require_no_processes=true) to demand that no compute process is left at all.
     type: int
     default: 1024
+  baseline_mib:
+    description:
+      - "Memory others held on a GPU while the old server ran, C({GPU index: MiB}) (the C(sglang_preflight) role
+        measures it: C(gpu_after_stop.baseline_mib) of M(sglang_host_info)). Such a GPU counts as free at that
+        memory plus O(max_used_mib): the wait is for the server's own memory, not for memory of a process no GPU
+        list names (a container's job) that will not go."
+      - Empty (the default) means every GPU must come down to O(max_used_mib).
+    type: dict
+    default: {}
   require_no_processes:
     description:
       - Also require that no compute process remains on the selected GPUs. The compute process list comes
@@ -180,6 +189,11 @@ device_holders:
   returned: on not_released
   type: list
   elements: dict
+baseline_mib:
+  description: "The O(baseline_mib) the wait allowed for, C({GPU index: MiB})."
+  returned: when the wait ran
+  type: dict
+  sample: {"3": 20018}
 polls:
   description: Number of polls made.
   returned: always (also on timeout)

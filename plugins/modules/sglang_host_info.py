@@ -77,6 +77,18 @@ options:
       - Used memory per GPU, MiB, at or below which the wait counts a GPU as free (C(gpu_memory_wait_max_used_mib)).
     type: int
     default: 1024
+  world_size:
+    description:
+      - tp-size x pp-size of the server to start (sglang_launch_args). Above 1, RV(gpu_after_stop.tp_balance) says
+        whether SGLang's TP memory-balance check would refuse to start beside memory the stop leaves.
+    type: int
+    default: 1
+  server_env:
+    description:
+      - The server's extra environment (C(sglang_launch_extra_env)); C(SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false)
+        there switches SGLang's balance check off.
+    type: dict
+    default: {}
   replace_files:
     description:
       - Files that will be replaced (temporary file in the same directory, then rename), e.g. SGLang's C(engine.py).
@@ -279,11 +291,12 @@ gpu_after_stop:
   type: dict
   contains:
     blocked:
-      description: True when RV(gpu_after_stop.holders) or RV(gpu_after_stop.unexplained) is not empty.
+      description: True when RV(gpu_after_stop.holders) is not empty.
       type: bool
     gpus:
-      description: Per GPU C(index), C(memory_used_mib), C(stop_set_mib) (memory of stop-set compute processes),
-        C(remaining_mib) (used minus that, MiB), C(held_by_stop_set) (a stop-set process uses or holds it) and
+      description: Per GPU C(index), C(memory_used_mib), C(memory_total_mib), C(memory_reserved_mib), C(stop_set_mib)
+        (memory of stop-set compute processes), C(remaining_mib) (used minus that, MiB), C(held_by_stop_set) (a
+        stop-set process uses or holds it), C(foreign_listed) (a listed process outside the stop set uses it) and
         C(accounting) (C(complete) when every compute process is visible here with its MiB, else C(incomplete)).
       type: list
       elements: dict
@@ -298,7 +311,24 @@ gpu_after_stop:
     unexplained:
       description: GPUs whose memory left after the stop exceeds O(max_used_mib) with no process outside the stop
         set to blame (a process in another PID namespace, a zombie, memory not yet released); C(index),
-        C(remaining_mib), C(other_holders) (non-monitor pids holding its device file), C(text).
+        C(remaining_mib), C(other_holders) (non-monitor pids holding its device file), C(text). The old server
+        runs beside that memory, so it is RV(gpu_after_stop.baseline_mib), not a reason to refuse.
+      type: list
+      elements: dict
+    baseline_mib:
+      description: "C({GPU index (str): MiB}) held by others while the server runs, for the GPUs of
+        RV(gpu_after_stop.unexplained): the wait after the stop (option C(baseline_mib) of C(nvidia_gpu_wait)) counts
+        such a GPU free at that memory plus O(max_used_mib)."
+      type: dict
+      sample: {"3": 20018}
+    tp_balance:
+      description: Why SGLang would refuse to start beside RV(gpu_after_stop.baseline_mib) (its TP memory-balance
+        check), with what to do; empty when it would start.
+      type: str
+    unreadable:
+      description: "Fields the wait reads that a GPU cannot report: C(index), C(uuid), C(field) (C(memory.used),
+        C(memory.total), C(compute-apps pid), C(compute-apps used_memory), C(the compute-apps list)) and C(raw) (what
+        was read: C([N/A]), C([Unknown Error]), an NVML error)."
       type: list
       elements: dict
 write_access:
@@ -348,6 +378,11 @@ import stat
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import KNOWN_MONITORS, redact_argv
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
+    foreign_memory,
+    tp_balance_problem,
+    unreadable_wait_fields,
+)
 
 try:
     import psutil
@@ -542,14 +577,16 @@ def gpu_after_stop(gpu_info, stop_pids, max_used_mib, visible=_pid_visible):
             else:
                 entry["used_memory_mib"] += proc["used_memory_mib"]
         gpus.append({"index": index, "memory_used_mib": used, "stop_set_mib": stop_mib, "remaining_mib": remaining,
-                     "held_by_stop_set": held_by_stop, "accounting": "complete" if complete else "incomplete"})
+                     "held_by_stop_set": held_by_stop, "accounting": "complete" if complete else "incomplete",
+                     "foreign_listed": foreign_here, "memory_total_mib": gpu.get("memory_total_mib"),
+                     "memory_reserved_mib": gpu.get("memory_reserved_mib")})
         if remaining is None or remaining <= max_used_mib or foreign_here:
             continue
         if not complete and held_by_stop:
             continue
         others = [h for h in device_holders if h.get("pid") not in stop_pids and index in (h.get("gpu_indices") or [])
                   and not is_monitor(h.get("name"), h.get("cmdline"))]
-        text = ("GPU %s: %d MiB would stay in use after the stop (wait limit %d MiB) and no process the stop ends "
+        text = ("GPU %s: %d MiB stay in use after the stop (wait limit %d MiB) and no process the stop ends "
                 "accounts for it" % (index, remaining, max_used_mib))
         if others:
             text += "; other processes holding /dev/nvidia for it: " + "; ".join(_describe(h) for h in others)
@@ -557,8 +594,13 @@ def gpu_after_stop(gpu_info, stop_pids, max_used_mib, visible=_pid_visible):
             text += "; compute processes not visible in this PID namespace (another container?): pids " + \
                 ", ".join(str(pid) for pid in hidden)
         if not others and not hidden:
-            text += " (no visible process holds it: memory of a process that just died, a zombie, or a process " \
-                    "in another container)"
+            text += " (no GPU list names its holder: a process in another container or PID namespace, a zombie, " \
+                    "or memory of a process that just died)"
+        shared = [h for h in device_holders if h.get("kind") == "shared_only" and h.get("pid") not in stop_pids
+                  and not is_monitor(h.get("name"), h.get("cmdline"))]
+        if shared:
+            text += "; processes holding only /dev/nvidiactl and /dev/nvidia-uvm (candidates): " + "; ".join(
+                _describe(h) for h in shared)
         unexplained.append({"index": index, "remaining_mib": remaining, "other_holders": [h.get("pid") for h in others],
                             "text": text})
     out_holders = []
@@ -569,8 +611,11 @@ def gpu_after_stop(gpu_info, stop_pids, max_used_mib, visible=_pid_visible):
             pid, entry["user"] or "?", "%d MiB" % mib if mib is not None else "GPU memory (MiB not reported)",
             _on_gpus(entry["gpu_indices"]), ": " + entry["cmdline"] if entry["cmdline"] else "")
         out_holders.append(entry)
-    return {"blocked": bool(out_holders or unexplained), "gpus": gpus, "holders": out_holders,
-            "unexplained": unexplained}
+    # Memory no listed process accounts for is foreign: the old server runs beside it, so the wait after the stop
+    # waits for the server's own memory (baseline_mib), and only SGLang's own start rule refuses (tp_balance).
+    return {"blocked": bool(out_holders), "gpus": gpus, "holders": out_holders, "unexplained": unexplained,
+            "baseline_mib": foreign_memory(gpus, max_used_mib),
+            "unreadable": unreadable_wait_fields(gpu_info)}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -770,6 +815,8 @@ def main():
             stop_preview=dict(type="dict"),
             gpu_info=dict(type="dict"),
             max_used_mib=dict(type="int", default=1024),
+            world_size=dict(type="int", default=1),
+            server_env=dict(type="dict", default={}),
             replace_files=dict(type="list", elements="path", default=[]),
             write_dirs=dict(type="list", elements="path", default=[]),
             model_dirs=dict(type="dict", default={}),
@@ -807,7 +854,10 @@ def main():
     except OSError as exc:
         module.fail_json(msg="cannot measure free space: %s" % exc)
     if p["gpu_info"] is not None:
-        result["gpu_after_stop"] = gpu_after_stop(p["gpu_info"], stop_pids, p["max_used_mib"])
+        after = gpu_after_stop(p["gpu_info"], stop_pids, p["max_used_mib"])
+        after["tp_balance"] = tp_balance_problem(after["gpus"], after["baseline_mib"], p["world_size"],
+                                                 p["server_env"])
+        result["gpu_after_stop"] = after
     if p["port"] is not None:
         if not HAS_PSUTIL:
             module.fail_json(msg=missing_required_lib("psutil", reason="to find the process listening on the port"),

@@ -172,6 +172,11 @@ options:
         type: str
         choices: [auto, nvml, nvidia-smi]
         default: auto
+      baseline_mib:
+        description: "C({GPU index: MiB}) others held while the old server ran (sglang_host_info's
+          C(gpu_after_stop.baseline_mib)): such a GPU counts as free at that plus O(gpu_wait.max_used_mib)."
+        type: dict
+        default: {}
   start_after:
     description:
       - "The new server to start in this same call, as soon as the stop is done and O(gpu_wait) saw the GPU memory

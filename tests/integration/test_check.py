@@ -159,7 +159,8 @@ def test_gpu_faults_give_their_reasons(lab, served):
     a, b = served[0], served[1]
     c = served[2] if len(served) > 2 else None
     lab.fault(a, ecc_errors=4, throttle="hw_slowdown")
-    lab.fault(b, remap_pending=True, nvlink_down=3)
+    # Issue 30: a field restart.yml's GPU memory wait reads, unreadable: named per GPU with field and value.
+    lab.fault(b, remap_pending=True, nvlink_down=3, smi_field_values={"memory.total": "[Unknown Error]"})
     if c:
         lab.fault(c, xid=79, gpus_visible=7)
     try:
@@ -173,6 +174,9 @@ def test_gpu_faults_give_their_reasons(lab, served):
     assert {("CRIT", "ecc_uncorrected", 1), ("WARN", "throttle", 1)} <= codes(stats, a)
     assert stats[a]["gpus_ok"] == 7
     assert {("CRIT", "remap_pending", 1), ("CRIT", "nvlink_down", 1)} <= codes(stats, b)
+    assert {("CRIT", "gpu_field_unreadable", i) for i in range(8)} <= codes(stats, b)
+    [text] = [r["text"] for r in stats[b]["reasons"] if r["code"] == "gpu_field_unreadable" and r["gpu"] == 3]
+    assert "GPU 3 (GPU-" in text and "memory.total unreadable (reads '[Unknown Error]')" in text, text
     if c:
         assert ("CRIT", "xid_79", 1) in codes(stats, c) and ("CRIT", "fewer_gpus", None) in codes(stats, c)
         assert stats[c]["gpus_total"] == 7

@@ -383,6 +383,48 @@ def test_foreign_gpu_job_with_warn_passes_only_when_the_wait_can_pass_beside_it(
 
 
 @pytest.mark.lab_only_once
+@pytest.mark.parametrize("values,field,raw", [
+    ({"memory.used": "[N/A]"}, "memory.used", "[N/A]"),
+    ({"used_gpu_memory": "[N/A]"}, "compute-apps used_memory", "[N/A]"),
+], ids=["memory-used", "compute-apps-used-memory"])
+def test_an_unreadable_gpu_field_refuses_the_host_naming_gpu_field_and_value(fleet, serving, values, field, raw):
+    """Issue 30: the wait after the stop reads these fields; preflight refuses while one reads no number."""
+    host, pids = serving
+    fleet.fault(host, smi_field_values=values)
+    try:
+        runner = fleet.run_playbook(RESTART, limit=host)
+    finally:
+        fleet.fault(host, smi_field_values=None)
+    text = assert_refused_and_still_serving(fleet, runner, host, pids, "GPU memory unreadable: GPU 0 (GPU-",
+                                            "%s unreadable (reads %r)" % (field, raw), "old server keeps serving")
+    assert "GPU 7 (GPU-" in text and "held" not in text
+
+
+@pytest.mark.lab_only_once
+def test_memory_of_a_holder_no_gpu_list_names_refuses_when_sglang_would_not_start_beside_it(fleet, serving):
+    """Issue 30: 20000 MiB held on GPU 3 by a process nvidia-smi does not list (knob hidden_holder). The old server
+    runs beside it, but SGLang's TP memory-balance check would refuse to start any server beside it after the
+    stop: refused, untouched, naming the memory per GPU and the way out."""
+    host, pids = serving
+    fleet.fault(host, hidden_holder={"gpu": 3, "mib": 20000})
+    try:
+        deadline = time.time() + 10  # the host's init starts the holder on the fault's SIGHUP
+        while time.time() < deadline and fleet.gpus(host)[3]["used_mib"] < 140000:
+            time.sleep(0.1)
+        gpu3 = fleet.gpus(host)[3]
+        assert gpu3["used_mib"] >= 140000 and all(a["used_mib"] == 120000 for a in gpu3["apps"])
+        runner = fleet.run_playbook(RESTART, limit=host)
+        text = assert_refused_and_still_serving(
+            fleet, runner, host, pids, "memory held by processes no GPU list names (GPU 3: 200",
+            "The memory capacity is unbalanced", "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=false")
+        after = module_results(runner, "sglang_host_info")[host]["gpu_after_stop"]
+        assert list(after["baseline_mib"]) == ["3"] and 20000 <= after["baseline_mib"]["3"] <= 20100
+        assert "python3 /srv/batch/embed_worker.py" in after["unexplained"][0]["text"], text
+    finally:
+        fleet.fault(host, hidden_holder=None)
+
+
+@pytest.mark.lab_only_once
 @pytest.mark.parametrize("knobs,extravars,expected", [
     ({"smi_rc": 9}, {}, "communicate with the NVIDIA driver"),
     ({"gpus_visible": 7}, {"gpufleet_expected_gpus": 8}, "7"),

@@ -635,3 +635,90 @@ def test_a_server_that_hangs_after_a_few_requests_fails_the_verify_burst_and_the
         assert took < 120, took
     finally:
         lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_memory_unreadable_after_the_stop_relaunches_the_previous_server_and_says_so(lab):
+    """Issue 30: memory.used reads [N/A] only once the stop freed the GPUs (preflight read it fine): the wait fails at
+    once saying "unreadable", and the rollback relaunches the previous server without a memory check (it ran on these
+    GPUs a moment ago); its own readiness decides, and the note says exactly that."""
+    host = lab.hosts[0]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    lab.fault(host, smi_field_values={"memory.used": "[N/A]"}, smi_field_values_when_free=True)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=changed_config(lab, host))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "wait"
+        cause = facts(lab, runner, host, "_gpufleet_failed_cause")
+        assert "memory.used unreadable (nvidia-smi reads '[N/A]')" in cause and "held" not in cause, cause
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        detail = rollback["detail"]
+        assert "GPU memory could not be read (GPU 0 (GPU-" in detail
+        assert "relaunched without a memory check" in detail and "as pid %d" % rollback["pid"] in detail
+        assert "held" not in detail and "second wait" not in detail, detail
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+    finally:
+        lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_a_holder_no_gpu_list_names_is_waited_beside_and_the_summary_names_its_memory(lab):
+    """Issue 30: 5000 MiB on GPU 3 held by a process nvidia-smi does not list (knob hidden_holder), little enough for
+    SGLang's TP memory-balance check: the old server ran beside it, so the wait waits for the server's own memory
+    only, the new server starts beside it and the summary names the memory left to its holder."""
+    host = lab.hosts[1 % len(lab.hosts)]
+    before_pid = ensure_serving(lab, host)
+    lab.fault(host, hidden_holder={"gpu": 3, "mib": 5000})
+    try:
+        deadline = time.time() + 10  # the host's init starts the holder on the fault's SIGHUP
+        while time.time() < deadline and lab.gpus(host)[3]["used_mib"] < 125000:
+            time.sleep(0.1)
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=FAST)
+        out = stdout_of(runner)
+        assert runner.status == "successful", out[-4000:]
+        row = [d for d in lab.events(runner, "playbook_on_stats")][-1]["artifact_data"]["gpufleet_restart"][host]
+        assert row["result"] == "ok", row
+        # 5000 MiB and its context, and the 9 MiB context of the server's worker no process row counts
+        assert "left to them (GPU 3: 5018 MiB): the wait after the stop waited for the server's own memory" \
+            in row["advice"], row
+        [waited] = [d for d in lab.events(runner, "runner_on_ok", "sglang_stop") if d["task"].startswith("Stop the")]
+        assert waited["res"]["gpu_wait"]["baseline_mib"] == {"3": 5018} and waited["res"]["gpu_wait"]["ready"]
+        pid = server_pid(lab, host)
+        assert pid != before_pid and lab.wait_http(host, timeout_s=30) == 200
+        gpu3 = lab.gpus(host)[3]
+        assert gpu3["used_mib"] == 120009 + 5009 and [a["used_mib"] for a in gpu3["apps"]] == [120000]
+    finally:
+        lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_a_failed_launch_beside_a_holder_no_gpu_list_names_relaunches_the_previous_server_beside_it(lab):
+    """Issue 30: the rollback's wait too counts the memory others held while the old server ran (preflight's
+    baseline): it relaunches the previous server beside it at once instead of waiting for memory that never goes."""
+    host = lab.hosts[1 % len(lab.hosts)]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    lab.fault(host, hidden_holder={"gpu": 5, "mib": 3000}, crash_with_arg="--max-running-requests")
+    try:
+        deadline = time.time() + 10  # the host's init starts the holder on the fault's SIGHUP
+        while time.time() < deadline and lab.gpus(host)[5]["used_mib"] < 123000:
+            time.sleep(0.1)
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(
+            changed_config(lab, host, {"max-running-requests": 7}), gpu_memory_wait_timeout_s=20))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "launch"
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        [waited] = [d for d in lab.events(runner, "runner_on_ok", "nvidia_gpu_wait")
+                    if d["task"] == "Rollback - wait until GPU memory is released"]
+        assert waited["res"]["ready"] and waited["res"]["baseline_mib"] == {"5": 3018}, waited["res"]
+        row = [d for d in lab.events(runner, "playbook_on_stats")][-1]["artifact_data"]["gpufleet_restart"][host]
+        assert row["result"] == "rolled_back" and "left to them (GPU 5: 3018 MiB)" in row["advice"], row
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+        assert lab.gpus(host)[5]["used_mib"] == 120009 + 3009  # the holder kept its memory all along
+    finally:
+        lab.clear_faults(host)

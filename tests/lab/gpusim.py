@@ -71,8 +71,8 @@ SMI_FAULT_TEXTS = {
     255: "Unable to determine the device handle for GPU %s: Unknown Error\n",
 }
 #: Faults the simulated nvidia-smi honours (the rest of lab.FAULT_KNOBS concern gpusimd and the stand-in).
-SMI_FAULT_KNOBS = ("smi_rc", "smi_hang_s", "smi_cost_ms", "smi_field_values", "ecc_errors", "remap_pending", "throttle",
-                   "mig_on", "nvlink_down", "gpus_visible", "xid")
+SMI_FAULT_KNOBS = ("smi_rc", "smi_hang_s", "smi_cost_ms", "smi_field_values", "smi_field_values_when_free", "ecc_errors",
+                   "remap_pending", "throttle", "mig_on", "nvlink_down", "gpus_visible", "xid")
 FAULT_GPU = 1  # the GPU that smi_rc 15/255, ecc_errors, remap_pending, throttle, nvlink_down and xid hit
 CLOCK_REASON_BITS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4,
                      "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal_slowdown": 0x20,
@@ -204,8 +204,9 @@ def gpu_snapshot(host_dir, now=None):
         if rel == "never" or rel is None or (isinstance(rel, (int, float)) and rel > now):
             g = gpus[a["gpu"]]
             g["used_mib"] += int(a["mib"]) + CONTEXT_OVERHEAD_MIB
-            # released_at is None exactly while the holder's connection to gpusimd is open (it is alive)
-            if rel is None:
+            # released_at is None exactly while the holder's connection to gpusimd is open (it is alive); a
+            # hidden holder (knob hidden_holder: a process of another PID namespace) is never listed
+            if rel is None and not a.get("hidden"):
                 name = (inside and process_name(a["pid"])) or a.get("name") or "python3"
                 g["apps"].append({"pid": a["pid"], "name": name, "used_mib": int(a["mib"])})
     for g in gpus:
@@ -217,8 +218,9 @@ def gpu_snapshot(host_dir, now=None):
 # ---------------------------------------------------------------------------------------------------
 # Holder client (used by the stand-in workers and tests)
 # ---------------------------------------------------------------------------------------------------
-def hold(gpu, mib, name=None, pid=None):
+def hold(gpu, mib, name=None, pid=None, hidden=False):
     """Register ``mib`` MiB on GPU ``gpu`` for this process; returns the socket (keep it open to hold).
+    ``hidden``: the memory counts, but ``--query-compute-apps`` never lists the holder (knob hidden_holder).
 
     Raises OSError when the host has no gpusimd (not inside a lab host's network namespace).
     """
@@ -231,6 +233,8 @@ def hold(gpu, mib, name=None, pid=None):
         msg["name"] = name
     if pid:
         msg["pid"] = int(pid)
+    if hidden:
+        msg["hidden"] = True
     s.sendall((json.dumps(msg) + "\n").encode())
     reply = b""
     while not reply.endswith(b"\n"):
@@ -303,7 +307,9 @@ def _gpu_value(name, g, host_dir, now):
     faults = g.get("faults") or {}
     hit = g["index"] == FAULT_GPU
     overrides = faults.get("smi_field_values") or {}
-    if name in overrides:
+    # smi_field_values_when_free: only GPUs with no memory in use read the overrides (a field that turns
+    # unreadable once the stop released the server's memory, after preflight read it fine).
+    if name in overrides and (not faults.get("smi_field_values_when_free") or g["used_mib"] == 0):
         return overrides[name], None
     if name.startswith("ecc.errors."):
         ecc = faults.get("ecc_errors") if hit else None
@@ -425,6 +431,9 @@ def _app_value(name, app, g, now):
         "process_name": app["name"],
         "used_gpu_memory": str(app["used_mib"]),
     }
+    overrides = (g.get("faults") or {}).get("smi_field_values") or {}
+    if name in overrides:  # smi_field_values names compute-apps fields too (canonical: used_gpu_memory)
+        return overrides[name], None
     return fixed.get(name, NA), _APP_UNITS.get(name)
 
 

@@ -198,7 +198,8 @@ class Gpusimd:
             raise ValueError("CUDA out of memory. Tried to allocate %d MiB on GPU %d, which has %d MiB in use of %d MiB "
                              "(lab gpusimd)" % (mib, gpu, in_use, capacity))
         self.allocs.append({"id": self.next_id, "gpu": gpu, "mib": mib, "pid": int(msg.get("pid") or peer_pid),
-                            "name": msg.get("name"), "released_at": None, "conn": conn_fd})
+                            "name": msg.get("name"), "released_at": None, "conn": conn_fd,
+                            "hidden": bool(msg.get("hidden"))})
         self.next_id += 1
         self.write()
 
@@ -259,6 +260,7 @@ class HostInit:
         self.conns = {}
         self.children = {}  # pid -> role
         self.stray_pid = None
+        self.hidden_pid = None
         self.stopping = False
         self.reload = False
 
@@ -319,6 +321,7 @@ class HostInit:
             except ProcessLookupError:
                 pass
             self.stray_pid = None
+        self.apply_hidden_holder(faults.get("hidden_holder"))
         shm = faults.get("stale_shm")
         if shm:
             size = (int(shm) if not isinstance(shm, bool) and int(shm) > 1 else 1) << 20
@@ -334,6 +337,28 @@ class HostInit:
                             pass
         self.gpusimd.reconsider()
 
+    def apply_hidden_holder(self, knob):
+        """Knob ``hidden_holder`` ({"gpu": N, "mib": M}): a process holding M MiB on GPU N that nvidia-smi does not
+        list (a container's process: its pid is in another PID namespace), with only /dev/nvidiactl and
+        /dev/nvidia-uvm open; titled like an inference job of someone else, never like SGLang. Ends when the knob
+        goes (lab.py fault HOST hidden_holder=, or cleared faults)."""
+        if knob and self.hidden_pid is None:
+            gpu, mib = int(knob.get("gpu", 3)), int(knob.get("mib", 20000))
+
+            def body():
+                fds = [os.open("/dev/nvidiactl", os.O_RDWR), os.open("/dev/nvidia-uvm", os.O_RDWR)]  # noqa: F841
+                sock = gpusim.hold(gpu, mib, name="python3", hidden=True)  # noqa: F841 - held while open
+                while True:
+                    signal.pause()
+            self.hidden_pid = self._fork_child("hidden holder", "python3 /srv/batch/embed_worker.py --device cuda:%d"
+                                               % gpu, body)
+        elif not knob and self.hidden_pid is not None:
+            try:
+                os.kill(self.hidden_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.hidden_pid = None
+
     # signals ------------------------------------------------------------------------------------
     def _on_sigchld(self, *_):
         while True:
@@ -346,6 +371,8 @@ class HostInit:
             role = self.children.pop(pid, None)
             if pid == self.stray_pid:
                 self.stray_pid = None
+            if pid == self.hidden_pid:
+                self.hidden_pid = None
             if role and not self.stopping:
                 log("%s (pid %d) exited with status %d" % (role, pid, status))
 

@@ -68,6 +68,7 @@ FAULT_KNOBS = {
     "smi_hang_s": "every nvidia-smi call sleeps this long before answering (float)",
     "smi_cost_ms": "least age of an nvidia-smi process, ms (float, default 28: with the caller's fork/exec about the real H200 median; 0 = none)",
     "smi_field_values": "{field: raw} printed for every GPU, e.g. {\"memory.used\": \"[N/A]\"} (dict)",
+    "smi_field_values_when_free": "smi_field_values only on GPUs with no memory in use: unreadable once a stop freed them (bool)",
     "ecc_errors": "GPU 1 reports N corrected and N uncorrected ECC errors, volatile and aggregate (int)",
     "remap_pending": "GPU 1 has a pending row remap, 1 uncorrectable row (bool)",
     "throttle": "GPU 1's active clock event reasons, e.g. hw_slowdown (str|list)",
@@ -75,6 +76,9 @@ FAULT_KNOBS = {
     "nvlink_down": "NVLink link N of GPU 1 is <inactive> (int)",
     "gpus_visible": "nvidia-smi lists only the first N GPUs (int)",
     "xid": "Xid line(s) for GPU 1 in the simulated kernel log <host dir>/kmsg (int|list)",
+    # A container's process: holds GPU memory, but nvidia-smi --query-compute-apps lists it not (another PID
+    # namespace); it has only /dev/nvidiactl and /dev/nvidia-uvm open. Cleared faults end it.
+    "hidden_holder": "a process nvidia-smi does not list holds MiB on a GPU, e.g. {\"gpu\": 3, \"mib\": 20000} (dict)",
 }
 
 

@@ -337,3 +337,21 @@ def test_a_worker_with_another_value_is_said_to_hold_it_not_to_miss_it():
     g["workers"]["workers"][2].update(match=False, mismatched={"CUDA_DEVICE_MAX_CONNECTIONS": {"actual": "8", "expected": "1"}})
     r = verdict(g)
     assert "sglang::scheduler_TP2 (CUDA_DEVICE_MAX_CONNECTIONS=8, expected 1)" in r["reasons"][0]["text"]
+
+
+@pytest.mark.parametrize("gpu_over,field,raw", [
+    ({"memory_used_mib": None, "unsupported": {"memory_used_mib": "[N/A]"}}, "memory.used", "[N/A]"),
+    ({"memory_total_mib": None, "unsupported": {"memory_total_mib": "[Unknown Error]"}}, "memory.total",
+     "[Unknown Error]"),
+    ({"unsupported": {"compute_apps.used_memory": "[N/A]"}}, "compute-apps used_memory", "[N/A]"),
+    ({"unsupported": {"compute_apps": "Not Supported (nvmlDeviceGetComputeRunningProcesses)"}},
+     "the compute-apps list", "Not Supported (nvmlDeviceGetComputeRunningProcesses)"),
+])
+def test_a_field_the_restart_wait_reads_that_reads_no_number_is_crit_on_that_gpu_naming_it(gpu_over, field, raw):
+    g = healthy()
+    g["gpu"]["gpus"][6].update(gpu_over)
+    r = verdict(g)
+    assert codes(r) == {("CRIT", "gpu_field_unreadable", 6)}
+    [reason] = r["reasons"]
+    assert "GPU 6 (GPU-00000006): %s unreadable (reads %r)" % (field, raw) in reason["text"]
+    assert "a restart would be refused" in reason["text"]

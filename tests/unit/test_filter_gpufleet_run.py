@@ -460,3 +460,17 @@ def test_the_verify_burst_settings_are_checked_before_the_stop_and_0_requests_tu
     [message] = run.gpufleet_guard_errors({"sglang_verify_burst_timeout_s": 0})
     assert message.startswith("sglang_verify_burst_timeout_s=0 is out of range (more than 0)"), message
     assert run.gpufleet_guard_errors({"sglang_verify_burst_max_new_tokens": 0})
+
+
+def test_ok_row_names_memory_left_to_holders_no_gpu_list_names():
+    row = run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.34, nccl_ok=True,
+                                        foreign_gpu_mib={"5": 4009, "3": 20018}))
+    assert row["result"] == "ok"
+    assert row["advice"] == ("GPU memory held by processes no GPU list names was there while the old server ran and "
+                             "was left to them (GPU 3: 20018 MiB, GPU 5: 4009 MiB): the wait after the stop waited "
+                             "for the server's own memory only")
+    # nothing stopped (refused, check mode): nothing was waited beside
+    assert "no GPU list names" not in str(run.gpufleet_restart_row(
+        dict(BASE, stop_started_epoch=None, new_pid=None, foreign_gpu_mib={"3": 20018}))["advice"])
+    assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.34, nccl_ok=True, foreign_gpu_mib={}))["advice"] \
+        is None

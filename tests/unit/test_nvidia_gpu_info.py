@@ -245,7 +245,8 @@ def test_info_nvlink_state_through_nvml(monkeypatch, nvml, no_holders):
 @pytest.mark.parametrize("name, options", [
     ("nvidia_gpu_info", {"gpus", "fields", "processes", "backend", "expected_count", "timeout_s", "nvlink", "xid_window_min",
                          "kmsg_path"}),
-    ("nvidia_gpu_wait", {"gpus", "max_used_mib", "require_no_processes", "poll_interval_ms", "timeout_s", "slice_s",
+    ("nvidia_gpu_wait", {"gpus", "max_used_mib", "baseline_mib", "require_no_processes", "poll_interval_ms",
+                         "timeout_s", "slice_s",
                          "started_at", "expected_count", "backend"}),
 ])
 def test_documentation_parses_and_documents_every_option(name, options):

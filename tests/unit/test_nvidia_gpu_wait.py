@@ -154,7 +154,9 @@ def test_wait_fails_at_once_when_memory_used_reads_na(monkeypatch, smi_path):
     done = run_main(monkeypatch, MODULE, {"timeout_s": 30})
     r = done.result
     assert done.failed and r["error_class"] == "field_unavailable" and time.monotonic() - t < 10
-    assert r["msg"].startswith("GPU 0 (GPU-8b76e503-d849-6334-acea-f57e29736cb3): nvidia-smi memory.used reads '[N/A]'")
+    assert r["msg"].startswith("GPU 0 (GPU-8b76e503-d849-6334-acea-f57e29736cb3): memory.used unreadable "
+                               "(nvidia-smi reads '[N/A]')")
+    assert "held" not in r["msg"]
     assert "None MiB" not in r["msg"]
 
 

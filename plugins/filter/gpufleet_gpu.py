@@ -1,0 +1,47 @@
+"""gpufleet filters for the GPU memory wait's decisions (module_utils/gpufleet_gpu_memory.py does the work).
+
+- ``gpufleet_gpu_unreadable_refusal(entries)`` -> str: preflight's refusal for fields the wait cannot read ('' none).
+- ``gpufleet_gpu_baseline_text(baseline_mib)`` -> str: "GPU 3: 20018 MiB, ..." for memory others hold.
+- ``gpufleet_rollback_unreadable(wait_result)`` -> str: the rollback's note when its GPU memory wait could not
+  read memory (the relaunch then goes ahead without a memory check); '' otherwise.
+"""
+from __future__ import annotations
+
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
+    baseline_text,
+    unreadable_refusal,
+)
+
+
+def gpufleet_gpu_unreadable_refusal(entries):
+    """Preflight's refusal naming each GPU, field and value read (sglang_host_info's gpu_after_stop.unreadable)."""
+    return unreadable_refusal(list(entries or []))
+
+
+def gpufleet_gpu_baseline_text(baseline_mib):
+    """"GPU 3: 20018 MiB" per GPU of a baseline (gpu_after_stop.baseline_mib), in index order."""
+    return baseline_text(baseline_mib if isinstance(baseline_mib, dict) else {})
+
+
+def gpufleet_rollback_unreadable(wait_result):
+    """The rollback's sentence when its nvidia_gpu_wait (``wait_result``, registered) failed because a GPU's
+    memory could not be read (error_class field_unavailable): the previous server is relaunched all the same (it
+    ran on these GPUs a moment ago) and its own readiness decides. '' for any other result (skipped, ready, held)."""
+    if not isinstance(wait_result, dict) or wait_result.get("error_class") != "field_unavailable":
+        return ""
+    first = (str(wait_result.get("msg") or "").strip().splitlines() or ["?"])[0]
+    if first.startswith("NVML: "):  # NVML's line is the call; the GPU and field are on the next one
+        lines = str(wait_result.get("msg")).strip().splitlines()
+        first = " ".join(lines[:2])
+    cut = first.split(" What to do:", 1)[0].rstrip(". ")
+    return ("GPU memory could not be read (%s), so the previous server was relaunched without a memory check "
+            "(it ran on these GPUs a moment ago); its own readiness check decided" % cut)
+
+
+class FilterModule(object):
+    """gpufleet GPU memory filters."""
+
+    def filters(self):
+        return {"gpufleet_gpu_unreadable_refusal": gpufleet_gpu_unreadable_refusal,
+                "gpufleet_gpu_baseline_text": gpufleet_gpu_baseline_text,
+                "gpufleet_rollback_unreadable": gpufleet_rollback_unreadable}
