@@ -94,6 +94,11 @@ def test_healthy_fleet_is_ok_with_table_stats_json_html_and_textfile(lab, served
     for host in lab.hosts:
         assert any(line.split()[:3] == [host, "OK", "8/8"] for line in table.splitlines()), table
     assert "%d host(s): %d OK, 0 WARN, 0 CRIT" % (len(lab.hosts), len(lab.hosts)) in table
+    # Read-only (issue 30, item 8): no task reports a change (the engine.py check runs the patch in check mode) but
+    # the files this run was asked to write (the textfile on each host, the reports on the controller).
+    changed = set(e["task"] for e in lab.events(runner, "runner_on_ok") if (e.get("res") or {}).get("changed"))
+    assert changed <= {"Write gpufleet.prom for node_exporter's textfile collector", "Create the report directory",
+                       "Write check.json", "Write check.html (self-contained)"}, changed
 
     doc = json.loads((report / "check.json").read_text())
     with open(SCHEMA) as fh:
