@@ -691,8 +691,8 @@ def space_problems(needs, stat_fs, margin=SPACE_MARGIN_BYTES):
         short = ("%d bytes free" % fs["free"]) if fs["free"] < entry["bytes"] else (
             "%d free inodes for %d new files" % (fs["inodes"], entry["files"]))
         problems.append("not enough room on the filesystem mounted at %s for the NCCL patch: it needs %d bytes (%s, "
-                        "and %d bytes to spare) and has %s; free space there (or set sglang_nccl_patch_backup=false "
-                        "when the backup is what does not fit)" % (
+                        "and %d bytes to spare) and has %s; free space there (or, when the backup is what does not "
+                        "fit, turn it off: gpufleet_patch_backup=false for restart.yml, sglang_nccl_patch_backup=false)" % (
                             fs["mount"], entry["bytes"], "; ".join(entry["what"]), margin, short))
     return problems
 
