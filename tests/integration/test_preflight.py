@@ -628,14 +628,19 @@ def test_a_hand_typed_nccl_line_refuses_the_restart_and_the_old_server_keeps_its
 
 @pytest.mark.lab_only_once
 def test_take_over_restarts_with_the_inventory_values_and_absent_puts_the_hand_line_back(fleet, serving):
+    """take_over: the restart serves the inventory's values, the backup holds the hand line, state=absent puts it back.
+    Then a take-over run whose launch fails: the rollback puts engine.py back as it was before that run (the hand line
+    in effect again) and relaunches the recorded launch, whose workers now read Simple, not the recorded LL: the note
+    must not say "previous configuration" (gpufleet_rollback_serves)."""
     host, _ = serving
     engine = entrypoints_dir(fleet, host) + "/engine.py"
     original = read_bytes(fleet, host, engine)
     expected = {k: str(v) for k, v in fleet.group_vars["sglang_nccl_env"].items()}
+    fast = {"sglang_stop_grace_s": 10, "sglang_launch_ready_slice_s": 5, "sglang_nccl_patch_hand_edits": "take_over"}
     try:
         line = type_line(fleet, host, engine, "after")
         edited = read_bytes(fleet, host, engine)
-        runner = fleet.run_playbook(RESTART, limit=host, extravars={"sglang_nccl_patch_hand_edits": "take_over"})
+        runner = fleet.run_playbook(RESTART, limit=host, extravars=fast)
         with open(runner.stdout.name) as handle:
             out = handle.read()
         assert runner.status == "successful", out[-4000:]
@@ -657,10 +662,23 @@ def test_take_over_restarts_with_the_inventory_values_and_absent_puts_the_hand_l
         # state=absent: the block goes and the hand line comes back, byte for byte.
         absent = fleet.run_playbook("playbooks/patch.yml", limit=host, extravars={"sglang_nccl_patch_state": "absent"})
         assert absent.status == "successful"
-        restored = fleet.exec(host, ["grep", "-n", "-F", SEED_LINE, engine], check=True).stdout
-        assert restored.startswith("%d:" % line)
-        assert "gpufleet managed block" not in fleet.exec(host, ["cat", engine], check=True).stdout
+        assert read_bytes(fleet, host, engine) == edited
+
+        fleet.fault(host, crash_with_arg="--max-running-requests")
+        failed = fleet.run_playbook(RESTART, limit=host, extravars=dict(
+            fast, sglang_launch_args=fleet.launch_args_expr({"max-running-requests": 7})))
+        assert failed.status == "failed"
+        rollback = [d["res"]["ansible_facts"]["_gpufleet_rollback"] for d in fleet.events(failed, "runner_on_ok", "set_fact")
+                    if d["host"] == host and "_gpufleet_rollback" in d.get("res", {}).get("ansible_facts", {})][-1]
+        assert rollback["state"] == "rolled_back", rollback
+        assert "previous configuration" not in rollback["detail"], rollback
+        assert "not the previous NCCL values" in rollback["detail"] and "NCCL_PROTO" in rollback["detail"], rollback
+        assert read_bytes(fleet, host, engine) == edited
+        workers = worker_nccl(fleet, host)
+        assert len(workers) == 8 and all(env.get("NCCL_PROTO") == "Simple" for env in workers.values())
+        assert fleet.wait_http(host, timeout_s=30) == 200
     finally:
+        fleet.clear_faults(host)
         fleet.exec(host, ["sh", "-c", 'rm -f "$0".*~', engine])
         write_bytes(fleet, host, engine, original)
 
@@ -692,3 +710,4 @@ def test_a_filesystem_too_full_for_the_patch_refuses_the_host_and_leaves_nothing
         assert fleet.exec(host, ["sha256sum", engine], check=True).stdout == before
     finally:
         fleet.exec(host, ["umount", entrypoints], check=True)
+
