@@ -357,7 +357,9 @@ hand_edits:
       description: The file.
       type: str
     line:
-      description: 1-based line of the statement in the file as it was before gpufleet's changes.
+      description:
+        - 1-based line of the statement in the file as it is before this run (its block counted); for V(kept), the
+          line it had before it was taken over.
       type: int
     text:
       description: The statement's first line, stripped.
@@ -532,7 +534,18 @@ def plan_patch(text, items, state, filename="<source>", hand_edits="refuse"):
         taken_before = read_taken_over(lines[begin + 1:end])
         lines = lines[:begin] + lines[end + 1:]
     # The file as it was before gpufleet touched it: lines a take-over removed are back at their places.
-    pristine = "".join(restore_taken_over(lines, taken_before)[0])
+    restored, origin = restore_taken_over(lines, taken_before)
+    pristine = "".join(restored)
+
+    def now(write):
+        """``write`` with its line as the file has it now (the block before it counted); a line taken over before
+        keeps the number it had."""
+        index = origin[write["line"] - 1]
+        if index is None:
+            return write
+        shift = (block[1] - block[0] + 1) if block is not None and index >= block[0] else 0
+        return dict(write, line=index + shift + 1, end_line=write["end_line"] - write["line"] + index + shift + 1)
+
     if state == "absent" or not items:
         return {"after": pristine, "changed": pristine != text, "line": None, "placement": None, "hand_edits": []}
     names = [name for name, _ in items]
@@ -540,13 +553,15 @@ def plan_patch(text, items, state, filename="<source>", hand_edits="refuse"):
     before = set(number for number, _ in taken_before)
     new = [w for w in mine if not before.intersection(range(w["line"], w["end_line"] + 1))]
     if new and hand_edits != "take_over":
-        raise HandEditRefused(hand_edit_message(filename, new), [hand_edit_entry(w, filename, "refused") for w in new])
+        shown = [now(w) for w in new]
+        raise HandEditRefused(hand_edit_message(filename, shown),
+                              [hand_edit_entry(w, filename, "refused") for w in shown])
     try:
         source, taken = take_over_lines(pristine, mine, names)
     except HandEditError as exc:
         raise PatchError("%s: %s" % (filename, exc))
-    entries = [hand_edit_entry(w, filename, "taken_over" if w in new else "kept") for w in mine]
-    entries += [hand_edit_entry(w, filename, "reported") for w in others]
+    entries = [hand_edit_entry(now(w), filename, "taken_over" if w in new else "kept") for w in mine]
+    entries += [hand_edit_entry(now(w), filename, "reported") for w in others]
     lines = split_lines(source)
     anchor = find_anchor(source, filename=filename)
     index = anchor["anchor_line"] - 1

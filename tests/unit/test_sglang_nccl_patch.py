@@ -745,3 +745,20 @@ def test_a_write_that_hits_a_full_disk_leaves_no_temporary_file_or_backup(tmp_pa
     assert path.read_bytes() == before
     assert os.listdir(str(path.parent)) == ["engine.py"]
     assert result["files"][0]["backup_file"] is None
+
+
+def test_a_hand_line_below_gpufleets_block_is_named_by_its_line_in_the_file_now(tmp_path, capsys):
+    # The usual case on a fleet: engine.py already carries the block when someone types a line after the call.
+    patched = patch_module.plan_patch(SOURCE, [("NCCL_PROTO", "LL")], "present")["after"]
+    lines = patched.splitlines(True)
+    anchor = lines.index(ANCHOR)
+    lines.insert(anchor + 1, SEED_EDIT)
+    path = make_tree(tmp_path, "".join(lines))
+    result = run_main(capsys, {"path": str(path), "env": {"NCCL_PROTO": "LL"}}, check_mode=True)
+    assert result["failed"] and result["hand_edits"][0]["line"] == anchor + 2
+    assert '%s:%d: os.environ["NCCL_PROTO"] = "Simple"' % (path, anchor + 2) in result["msg"]
+    assert path.read_text().splitlines()[anchor + 1] == SEED_EDIT.rstrip("\n")
+    taken = run_main(capsys, {"path": str(path), "env": {"NCCL_PROTO": "LL"}, "hand_edits": "take_over"})
+    assert [(h["line"], h["action"]) for h in taken["hand_edits"]] == [(anchor + 2, "taken_over")]
+    assert run_main(capsys, {"path": str(path), "state": "absent"})["changed"]
+    assert path.read_text() == with_seed_edit("after")
