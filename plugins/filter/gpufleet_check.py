@@ -375,6 +375,19 @@ def sglang_reasons(s, config=None):
             for entry in refused:
                 reasons.append(_reason("WARN", "nccl_check_failed", "NCCL block not checkable in %s: %s"
                                        % (entry.get("path"), str(entry.get("error") or "?").splitlines()[0][:300])))
+        # Hand-typed writes in _set_envs_and_config outside the block (issue 30): of the block's variables a
+        # restart refuses them (or takes them over with sglang_nccl_patch_hand_edits=take_over); of others they
+        # apply to the workers as typed.
+        for hand in [h for h in (present.get("hand_edits") or []) if isinstance(h, dict)][:4]:
+            if hand.get("action") not in ("refused", "reported"):
+                continue
+            effect = "; it overrides the NCCL block's value (after the start-method call)" if hand.get("after_anchor") else ""
+            verdict_text = (": restart.yml refuses the host until it is removed or sglang_nccl_patch_hand_edits=take_over"
+                            if hand.get("action") == "refused"
+                            else ": sglang_nccl_env does not set that variable, the line applies")
+            reasons.append(_reason("WARN", "nccl_hand_edit", "%s:%s: %s is typed by hand into _set_envs_and_config%s%s"
+                                   % (hand.get("path"), hand.get("line"), str(hand.get("text"))[:160], effect,
+                                      verdict_text)))
     workers = s.get("workers")
     if _ran(workers) and "workers" in workers:
         listed = workers.get("workers") or []

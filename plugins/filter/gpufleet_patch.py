@@ -10,6 +10,8 @@ tests/unit/test_filter_gpufleet_patch.py; nothing here touches a host.
 - ``gpufleet_patch_record(files)`` -> list: ``{path, sha256}`` of each patched file, for the launch record.
 - ``gpufleet_rollback_serves(workers, recorded)`` -> str: what the host serves after the rollback relaunched the
   recorded launch: "the previous configuration" only when the relaunched workers carry the recorded NCCL values.
+- ``gpufleet_hand_edit_lines(hand_edits)`` -> list of str: the patch module's RV ``hand_edits`` in words, one line
+  each (file:line: text, then what happened to it), for the run's output and preflight.
 - ``gpufleet_patch_restore(stat_results)`` -> dict: from the rollback's ``stat`` of each kept file (a loop over
   ``sglang_nccl_patch_previous.files``), ``restore`` (the kept entries whose file differs from its copy) and
   ``note`` (one sentence saying what the rollback did to each file).
@@ -116,11 +118,39 @@ def gpufleet_rollback_serves(workers, recorded):
             % (len(bad), len(listed), "; ".join("%s: %s" % (w.get("title"), worker_difference(w)) for w in bad[:2])))
 
 
+HAND_EDIT_ACTIONS = {
+    "taken_over": "taken over by this run: removed; the backup keeps the original and the block records it, so "
+                  "sglang_nccl_patch_state=absent puts it back",
+    "kept": "taken over by an earlier run (recorded in the block, not in effect)",
+    "refused": "writes a variable of sglang_nccl_env outside the block: refused",
+    "reported": "left as it is (sglang_nccl_env does not set %s): it still applies to the workers",
+}
+
+
+def gpufleet_hand_edit_lines(hand_edits):
+    """One line per entry of the patch module's RV ``hand_edits``: ``<file>:<line>: <text> -- <what happened>``."""
+    if not isinstance(hand_edits, (list, tuple)):
+        raise AnsibleFilterError("gpufleet_hand_edit_lines: expected the patch module's hand_edits list, got %r"
+                                 % (hand_edits,))
+    lines = []
+    for entry in hand_edits:
+        if not isinstance(entry, dict):
+            continue
+        action = HAND_EDIT_ACTIONS.get(entry.get("action"), str(entry.get("action")))
+        if "%s" in action:
+            action = action % (", ".join(n or "a computed name" for n in entry.get("names") or []) or "it")
+        lines.append("%s:%s: %s -- %s%s" % (
+            entry.get("path"), entry.get("line"), entry.get("text"),
+            "after the start-method call; " if entry.get("after_anchor") else "", action))
+    return lines
+
+
 class FilterModule(object):
     """gpufleet NCCL patch filters."""
 
     def filters(self):
         return {
+            "gpufleet_hand_edit_lines": gpufleet_hand_edit_lines,
             "gpufleet_patch_kept": gpufleet_patch_kept,
             "gpufleet_patch_record": gpufleet_patch_record,
             "gpufleet_patch_restore": gpufleet_patch_restore,

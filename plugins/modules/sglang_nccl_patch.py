@@ -116,6 +116,26 @@ options:
         C(<sglang_state_dir>/nccl-patch-prev). When a copy cannot be written no file is changed."
     type: path
     version_added: "1.3.0"
+  hand_edits:
+    description:
+      - "What to do with a hand-typed environment write of a variable of O(env), anywhere in
+        C(_set_envs_and_config) outside the block: C(os.environ[NAME] = v), C(os.environ.setdefault),
+        C(os.putenv), C(os.environ.update), C(del os.environ[NAME]), C(os.environ.pop), C(os.unsetenv), also through
+        C(environ) imported from C(os) or C(os) under another name. SGLang's own writes in that function (every
+        release from 0.3.6 to 0.5.23 and the development branch after it) are not hand edits."
+      - "V(refuse): fail, changing no file (check mode too, so preflight refuses before anything stops), naming
+        each file, line and its text. One after the function's C(set_start_method) statement would override the
+        block's value; one before it would come back when the variable leaves O(env)."
+      - "V(take_over): remove those lines and write the block. Each removed line is recorded in the block (its
+        number and exact text), so O(state=absent) puts it back: the file is again byte for byte what it was
+        before the patch first touched it (as the O(backup) copy holds it). RV(hand_edits) lists the lines taken
+        over. A line that shares its line with other code, is the only statement of a branch, or also writes a
+        variable O(env) does not set is refused, naming it."
+      - "Hand-typed writes of variables not in O(env) are left as they are and only listed in RV(hand_edits)."
+    type: str
+    choices: [refuse, take_over]
+    default: refuse
+    version_added: "1.4.0"
 attributes:
   check_mode:
     support: full
@@ -134,6 +154,9 @@ notes:
   - The module parses SGLang's source with the Python that runs the module; run it with
     C(ansible_python_interpreter) set to the SGLang virtualenv's python (or a Python at least as new).
   - Reinstalling or upgrading sglang replaces the file and removes the block; run the module again afterwards.
+  - "Before writing (and in check mode) the module checks that the patched copy of each file, its backup
+    (O(backup)) and its rollback copy (O(previous_dir)) fit on their filesystems (statvfs, with 64 KiB to spare)
+    and fails naming the filesystem, the bytes needed and free. Every temporary file is removed when a write fails."
 seealso:
   - name: SGLang _set_envs_and_config (0.5.23)
     description: Where SGLang sets its own environment before spawning workers.
@@ -320,6 +343,40 @@ diff:
     after:
       description: File content after.
       type: str
+hand_edits:
+  description:
+    - "Hand-typed environment writes in C(_set_envs_and_config) outside the block, SGLang's own writes left out.
+      C(action): V(refused) (a variable of O(env), O(hand_edits=refuse)), V(taken_over) (removed by this run),
+      V(kept) (taken over by an earlier run, still recorded in the block), V(reported) (a variable not in O(env):
+      left as it is)."
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    path:
+      description: The file.
+      type: str
+    line:
+      description:
+        - 1-based line of the statement in the file as it is before this run (its block counted); for V(kept), the
+          line it had before it was taken over.
+      type: int
+    text:
+      description: The statement's first line, stripped.
+      type: str
+    names:
+      description: The variables it writes (null for a name computed at run time).
+      type: list
+      elements: str
+    after_anchor:
+      description: Whether it comes after the function's C(set_start_method) statement (it would override the block).
+      type: bool
+    action:
+      description: V(refused), V(taken_over), V(kept) or V(reported).
+      type: str
+  sample: [{path: /opt/sglang/venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py, line: 1950,
+            text: "os.environ[\"NCCL_PROTO\"] = \"Simple\"", names: [NCCL_PROTO], after_anchor: true,
+            action: refused}]
 msg:
   description: On failure, what was wrong and what to do (names the file, the sglang release and what was looked for).
   returned: failure
@@ -327,16 +384,30 @@ msg:
 """
 
 import ast
+import errno
 import gc
 import hashlib
 import os
 import re
 import sys
 import tempfile
+import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_text
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl import env_value_problems, name_problem
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_hand_edits import (
+    HAND_EDIT_MODES,
+    HandEditError,
+    describe,
+    find_env_writes,
+    hand_edit_entry,
+    judge_hand_edits,
+    read_taken_over,
+    restore_taken_over,
+    take_over_lines,
+    taken_over_comment,
+)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import (
     ANCHOR_TEXT,
     FUNCTION_NAME,
@@ -359,6 +430,14 @@ BEGIN_HINT = " (managed by gpufleet, do not edit by hand: change sglang_nccl_env
 
 class PatchError(Exception):
     """Invalid input or a file the module refuses to change (message says what and what to do)."""
+
+
+class HandEditRefused(PatchError):
+    """Hand-typed writes of variables the block sets (``hand_edits=refuse``); ``entries`` lists them."""
+
+    def __init__(self, message, entries):
+        super(HandEditRefused, self).__init__(message)
+        self.entries = entries
 
 
 def normalise_env(env, unchecked=()):
@@ -401,13 +480,15 @@ def normalise_env(env, unchecked=()):
     return sorted(items)
 
 
-def render_block(items, indent, eol):
+def render_block(items, indent, eol, taken=()):
     """The managed block as a list of whole lines (each ending with ``eol``), indented with ``indent``.
 
     Names and values are written with :func:`ascii`, which gives an ASCII-only literal that evaluates to the
     same str for any text, so the file's encoding and the value's quotes, backslashes or newlines never matter.
+    ``taken``: ``(line, text)`` of hand-typed lines taken over, recorded as comments so ``absent`` puts them back.
     """
     lines = [indent + BEGIN_MARKER + BEGIN_HINT + eol]
+    lines.extend(taken_over_comment(number, text, indent, eol) for number, text in taken)
     for name, value in items:
         lines.append("%sos.environ[%s] = %s%s" % (indent, ascii(name), ascii(value), eol))
     lines.append(indent + END_MARKER + eol)
@@ -428,34 +509,83 @@ def find_block(text):
     return None if found is None else (found[0] - 1, found[1] - 1)
 
 
-def plan_patch(text, items, state, filename="<source>"):
+def plan_patch(text, items, state, filename="<source>", hand_edits="refuse"):
     """Compute the new file content (plain function, no I/O).
 
     ``text``: current content (str, line endings as in the file). ``items``: from :func:`normalise_env`.
-    ``state``: ``"present"`` or ``"absent"``.
+    ``state``: ``"present"`` or ``"absent"``. ``hand_edits``: what to do with hand-typed writes of a variable the
+    block sets, anywhere in ``_set_envs_and_config`` outside the block (module_utils ``gpufleet_sglang_hand_edits``):
+    ``refuse`` raises :class:`HandEditRefused` naming each; ``take_over`` removes their lines and records them in
+    the block, so ``absent`` puts them back and the file is again as it was before gpufleet touched it. Lines a
+    block already took over stay taken over in either mode (they are not in effect).
 
     Returns a dict: ``after`` (str), ``changed`` (bool), ``line`` (1-based first line of the block in
-    ``after`` or None), ``placement`` (:func:`find_anchor`'s, or None without a block). Raises :class:`PatchError` (malformed block) or
+    ``after`` or None), ``placement`` (:func:`find_anchor`'s, or None without a block), ``hand_edits`` (list: each
+    hand write with ``action`` ``taken_over`` (now), ``kept`` (taken over before) or ``reported`` (other names,
+    left as they are)). Raises :class:`PatchError` (malformed block, a line that cannot be taken over),
+    :class:`HandEditRefused` or
     :class:`~ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang.SGLangLocateError` (function or anchor missing).
     """
     lines = split_lines(text)
     block = find_block(text)
+    taken_before = []
     if block is not None:
         begin, end = block
+        taken_before = read_taken_over(lines[begin + 1:end])
         lines = lines[:begin] + lines[end + 1:]
-    pristine = "".join(lines)
+    # The file as it was before gpufleet touched it: lines a take-over removed are back at their places.
+    restored, origin = restore_taken_over(lines, taken_before)
+    pristine = "".join(restored)
+
+    def now(write):
+        """``write`` with its line as the file has it now (the block before it counted); a line taken over before
+        keeps the number it had."""
+        index = origin[write["line"] - 1]
+        if index is None:
+            return write
+        shift = (block[1] - block[0] + 1) if block is not None and index >= block[0] else 0
+        return dict(write, line=index + shift + 1, end_line=write["end_line"] - write["line"] + index + shift + 1)
+
     if state == "absent" or not items:
-        return {"after": pristine, "changed": pristine != text, "line": None, "placement": None}
-    anchor = find_anchor(pristine, filename=filename)
+        return {"after": pristine, "changed": pristine != text, "line": None, "placement": None, "hand_edits": []}
+    names = [name for name, _ in items]
+    mine, others = judge_hand_edits(find_env_writes(pristine, filename=filename), names)
+    before = set(number for number, _ in taken_before)
+    new = [w for w in mine if not before.intersection(range(w["line"], w["end_line"] + 1))]
+    if new and hand_edits != "take_over":
+        shown = [now(w) for w in new]
+        raise HandEditRefused(hand_edit_message(filename, shown),
+                              [hand_edit_entry(w, filename, "refused") for w in shown])
+    try:
+        source, taken = take_over_lines(pristine, mine, names)
+    except HandEditError as exc:
+        raise PatchError("%s: %s" % (filename, exc))
+    entries = [hand_edit_entry(now(w), filename, "taken_over" if w in new else "kept") for w in mine]
+    entries += [hand_edit_entry(now(w), filename, "reported") for w in others]
+    lines = split_lines(source)
+    anchor = find_anchor(source, filename=filename)
     index = anchor["anchor_line"] - 1
     # Line endings follow the statement the block goes before, or (end of the body) the line it follows.
     if anchor["placement"] == "end_of_body":
         eol = _line_ending(lines[index - 1]) or "\n"
     else:
         eol = _line_ending(lines[index]) or (_line_ending(lines[index - 1]) if index else "") or "\n"
-    new_lines = lines[:index] + render_block(items, anchor["indent"], eol) + lines[index:]
+    new_lines = lines[:index] + render_block(items, anchor["indent"], eol, taken) + lines[index:]
     after = "".join(new_lines)
-    return {"after": after, "changed": after != text, "line": index + 1, "placement": anchor["placement"]}
+    return {"after": after, "changed": after != text, "line": index + 1, "placement": anchor["placement"],
+            "hand_edits": sorted(entries, key=lambda e: e["line"])}
+
+
+def hand_edit_message(path, writes):
+    """Why a file with hand-typed writes of the block's variables is refused, and the two ways on."""
+    return ("%d hand-typed line(s) in %s() write variables the NCCL block sets, outside it: %s. SGLang ships no such "
+            "line; one after %s overrides the block's value in every TP worker, one before it comes back when the "
+            "variable leaves sglang_nccl_env. Remove them (put the values into sglang_nccl_env), or set "
+            "sglang_nccl_patch_hand_edits=take_over (module option hand_edits) to have the patch remove them: the "
+            "backup and the block keep them, and state=absent puts them back"
+            % (len(writes), FUNCTION_NAME, "; ".join(
+                describe(w, path) + (" (after %s)" % ANCHOR_TEXT if w["after_anchor"] else "") for w in writes),
+               ANCHOR_TEXT))
 
 
 def _line_ending(line):
@@ -500,6 +630,104 @@ def write_atomic(module, path, data):
             os.close(dir_fd)
     except OSError:
         pass  # best effort: some filesystems refuse fsync on a directory
+
+
+# Room left beyond the bytes the patch writes (directory entries, metadata of the new files, a block rounding).
+SPACE_MARGIN_BYTES = 64 * 1024
+
+
+def backup_name(path, pid=None, now=None):
+    """``<path>.<pid>.<YYYY-mm-dd@HH:MM:SS>~``, the name Ansible's ``backup_local`` gives a backup."""
+    return "%s.%s.%s" % (path, pid or os.getpid(), time.strftime("%Y-%m-%d@%H:%M:%S~", time.localtime(now)))
+
+
+def write_backup(path, raw):
+    """Keep ``raw`` (the bytes of ``path`` now) as ``path``'s backup (:func:`backup_name`) with its mode, owner and
+    times; returns the backup's path. Written to a temporary file and renamed, so a full disk leaves nothing
+    behind (Ansible's ``backup_local`` leaves a partial or 0-byte copy under the final name). Raises OSError."""
+    dest = backup_name(path)
+    stat = os.stat(path)
+    tmp = _synced_temp(os.path.dirname(path) or ".", dest, raw)
+    try:
+        os.chmod(tmp, stat.st_mode & 0o7777)
+        try:
+            os.chown(tmp, stat.st_uid, stat.st_gid)
+        except OSError:
+            pass  # not root: the copy is the patch user's, like the patched file itself
+        os.utime(tmp, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest
+
+
+def space_needs(changing, backup, previous_for):
+    """What the run writes, as ``(directory, bytes, what)``: for each changing file (planned entries) its patched
+    copy beside it (written whole before the rename frees the old bytes), its backup when ``backup``, and its
+    rollback copy in ``previous_for(entry)``'s directory (a path or None)."""
+    needs = []
+    for entry in changing:
+        directory = os.path.dirname(entry["path"]) or "."
+        name = os.path.basename(entry["path"])
+        needs.append((directory, len(entry["data"]), "the patched copy of %s" % name))
+        if backup:
+            needs.append((directory, len(entry["raw"]), "the backup of %s" % name))
+        previous = previous_for(entry)
+        if previous:
+            needs.append((os.path.dirname(previous) or ".", len(entry["raw"]), "the rollback copy of %s" % name))
+    return needs
+
+
+def space_problems(needs, stat_fs, margin=SPACE_MARGIN_BYTES):
+    """Filesystems the writes in ``needs`` (:func:`space_needs`) do not fit on, in words (list of str).
+
+    ``stat_fs(directory)`` gives ``{"device", "mount", "block", "free", "inodes"}`` (free bytes and inodes for the
+    user the module runs as; :func:`filesystem_of`). Per filesystem the files' sizes, each rounded up to whole
+    blocks, plus ``margin`` must fit in its free bytes, and one inode per file in its free inodes.
+    """
+    by_fs, order = {}, []
+    for directory, size, what in needs:
+        fs = stat_fs(directory)
+        if fs["device"] not in by_fs:
+            by_fs[fs["device"]] = {"fs": fs, "bytes": margin, "files": 0, "what": []}
+            order.append(fs["device"])
+        block = max(int(fs["block"] or 1), 1)
+        entry = by_fs[fs["device"]]
+        entry["bytes"] += -(-size // block) * block
+        entry["files"] += 1
+        entry["what"].append("%s, %d bytes" % (what, size))
+    problems = []
+    for device in order:
+        entry = by_fs[device]
+        fs = entry["fs"]
+        if fs["free"] >= entry["bytes"] and (fs["inodes"] is None or fs["inodes"] >= entry["files"]):
+            continue
+        short = ("%d bytes free" % fs["free"]) if fs["free"] < entry["bytes"] else (
+            "%d free inodes for %d new files" % (fs["inodes"], entry["files"]))
+        problems.append("not enough room on the filesystem mounted at %s for the NCCL patch: it needs %d bytes (%s, "
+                        "and %d bytes to spare) and has %s; free space there (or, when the backup is what does not "
+                        "fit, turn it off: gpufleet_patch_backup=false for restart.yml, sglang_nccl_patch_backup=false)" % (
+                            fs["mount"], entry["bytes"], "; ".join(entry["what"]), margin, short))
+    return problems
+
+
+def filesystem_of(directory):
+    """``stat_fs`` for :func:`space_problems`: the filesystem of ``directory`` (or of its nearest existing parent,
+    for a directory the run would create): ``device``, ``mount`` (its mount point), ``block`` (fragment size),
+    ``free`` and ``inodes`` as the user running the module may use them (root may use the reserved blocks)."""
+    path = os.path.abspath(directory)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    vfs = os.statvfs(path)
+    root = os.geteuid() == 0
+    mount = path
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    return {"device": os.stat(path).st_dev, "mount": mount, "block": vfs.f_frsize or vfs.f_bsize,
+            "free": (vfs.f_bfree if root else vfs.f_bavail) * (vfs.f_frsize or vfs.f_bsize),
+            # A filesystem without an inode count (btrfs, some FUSE) reports 0 files in all.
+            "inodes": (vfs.f_ffree if root else vfs.f_favail) if vfs.f_files else None}
 
 
 def keep_previous(source_path, raw, previous_file):
@@ -578,14 +806,14 @@ def previous_name(entry):
     return (entry["relative"] or os.path.basename(entry["path"])).replace("/", ".") + ".prev"
 
 
-def plan_files(found, items, state, release="sglang version unknown"):
+def plan_files(found, items, state, release="sglang version unknown", hand_edits="refuse"):
     """Read and plan every file in ``found['paths']``; nothing is written.
 
     Returns ``(planned, refused)``. ``planned``: one dict per file that can be patched: ``path``, ``relative``,
     ``raw`` (bytes now), ``text``, ``plan`` (:func:`plan_patch`), ``data`` (bytes after), ``block``
     (``none``/``same``/``other``: what the file holds now against ``items``), ``block_env``, ``mtime``.
-    ``refused``: one dict per file that cannot (``path``, ``relative``, ``error``: what is wrong and what to do).
-    Every file is planned even after one is refused, so a caller can still judge the others (check.yml).
+    ``refused``: one dict per file that cannot (``path``, ``relative``, ``error``: what is wrong and what to do;
+    ``hand_edits`` when hand-typed lines were the reason). ``hand_edits``: :func:`plan_patch`'s. Every file is planned even after one is refused, so a caller can still judge the others (check.yml).
     """
     planned, refused = [], []
     for path in found["paths"]:
@@ -600,8 +828,12 @@ def plan_files(found, items, state, release="sglang version unknown"):
         # surrogateescape keeps any byte sequence, so unchanged parts are written back byte for byte.
         text = raw.decode("utf-8", "surrogateescape")
         try:
-            plan = plan_patch(text, items, state, filename=path)
+            plan = plan_patch(text, items, state, filename=path, hand_edits=hand_edits)
             block_env = read_block_env(text)
+        except HandEditRefused as exc:
+            refused.append({"path": path, "relative": relative, "hand_edits": exc.entries,
+                            "error": "cannot patch %s (%s): %s" % (path, release, exc)})
+            continue
         except SGLangLocateError as exc:
             refused.append({"path": path, "relative": relative, "error": (
                 "cannot patch %s (%s): %s. This shape of %s() is new to this module version (it puts the block "
@@ -647,6 +879,7 @@ def run_module():
             backup=dict(type="bool", default=False),
             previous_file=dict(type="path"),
             previous_dir=dict(type="path"),
+            hand_edits=dict(type="str", default="refuse", choices=list(HAND_EDIT_MODES)),
         ),
         mutually_exclusive=[["path", "python"], ["previous_file", "previous_dir"]],
         required_one_of=[["path", "python"]],
@@ -655,7 +888,7 @@ def run_module():
     params = module.params
     result = dict(changed=False, path=params["path"], paths=[params["path"]] if params["path"] else [],
                   files=[], sglang_version=None, version_source=None, scan=None,
-                  line=None, env={}, backup_file=None, previous=None, sha256=None)
+                  line=None, env={}, backup_file=None, previous=None, sha256=None, hand_edits=[])
 
     try:
         items = normalise_env(params["env"], params["unchecked"]) if params["state"] == "present" else []
@@ -682,7 +915,9 @@ def run_module():
                   version_source=found["version_source"], scan=found.get("scan"))
     release = "sglang %s" % (version or "version unknown")
 
-    planned, refused = plan_files(found, items, params["state"], release)
+    planned, refused = plan_files(found, items, params["state"], release, params["hand_edits"])
+    result["hand_edits"] = [h for e in planned for h in e["plan"].get("hand_edits", [])] + [
+        h for r in refused for h in r.get("hand_edits", [])]
     if refused:
         # Every file is judged (check.yml reads the others' blocks from this failure), none is written.
         judged = dict((e["path"], file_result(e, False)) for e in planned)
@@ -719,6 +954,14 @@ def run_module():
         except SyntaxError as exc:
             module.fail_json(msg="refusing to write %s (%s): the patched source does not compile (%s); no file was "
                                  "changed" % (entry["path"], release, to_text(exc)), **result)
+    # Before anything is written (in check mode too, so preflight refuses before the stop): the patched copies,
+    # backups and rollback copies must fit, or a write fails half way (a full disk).
+    try:
+        short = space_problems(space_needs(changing, params["backup"], keep_path), filesystem_of)
+    except OSError as exc:
+        short = ["cannot measure the free space for the NCCL patch: %s" % exc]
+    if short:
+        module.fail_json(msg="%s. No file was changed." % " | ".join(short), **result)
     if params["previous_file"] and len(changing) > 1:
         module.fail_json(msg="%d files of %s define %s() and would change (%s): one previous_file cannot keep them "
                              "all; use previous_dir. No file was changed."
@@ -742,18 +985,26 @@ def run_module():
                 entry["previous_file"], entry["previous_sha256"] = keep, kept["sha256"]
                 if params["previous_file"]:
                     result["previous"] = kept
-            if params["backup"]:
-                entry["backup_file"] = module.backup_local(path)
             try:
+                if params["backup"]:
+                    entry["backup_file"] = write_backup(path, entry["raw"])
                 write_atomic(module, path, entry["data"])
             except (IOError, OSError) as exc:
                 undone = _undo(module, written)
+                # A backup of a file that ends as it was is only clutter (and what filled the disk, perhaps).
+                for other in [entry] + undone:
+                    if other.get("backup_file"):
+                        try:
+                            os.unlink(other["backup_file"])
+                        except OSError:
+                            pass
+                        other["backup_file"] = None
                 result["files"] = [file_result(e, e in written and e not in undone) for e in planned]
-                module.fail_json(msg="cannot write %s (%s): %s. %s; if it belongs to another user set become "
-                                     "(sglang_nccl_patch_become: true)."
+                module.fail_json(msg="cannot write %s (%s): %s. %s; %s."
                                  % (path, release, exc, "No file is changed" if len(undone) == len(written) else
                                     "The files written before it could not all be put back: %s"
-                                    % ", ".join(e["path"] for e in written if e not in undone)), **result)
+                                    % ", ".join(e["path"] for e in written if e not in undone),
+                                    write_error_hint(exc)), **result)
             written.append(entry)
             remove_stale_bytecode(path)
             try:
@@ -764,6 +1015,15 @@ def run_module():
     result["sha256"] = result["files"][0]["sha256"]
     result["backup_file"] = result["files"][0]["backup_file"]
     module.exit_json(**result)
+
+
+def write_error_hint(exc):
+    """What to do about a failed write (an OSError), by its errno."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "the filesystem (or the user's quota) is full: free space there and rerun; no temporary file is left"
+    if exc.errno == errno.EROFS:
+        return "the filesystem is read-only: remount it read-write, or put the block into the image it comes from"
+    return "if it belongs to another user set become (sglang_nccl_patch_become: true)"
 
 
 def _undo(module, written):

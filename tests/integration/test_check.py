@@ -94,6 +94,11 @@ def test_healthy_fleet_is_ok_with_table_stats_json_html_and_textfile(lab, served
     for host in lab.hosts:
         assert any(line.split()[:3] == [host, "OK", "8/8"] for line in table.splitlines()), table
     assert "%d host(s): %d OK, 0 WARN, 0 CRIT" % (len(lab.hosts), len(lab.hosts)) in table
+    # Read-only (issue 30, item 8): no task reports a change (the engine.py check runs the patch in check mode) but
+    # the files this run was asked to write (the textfile on each host, the reports on the controller).
+    changed = set(e["task"] for e in lab.events(runner, "runner_on_ok") if (e.get("res") or {}).get("changed"))
+    assert changed <= {"Write gpufleet.prom", "Create the report directory",
+                       "Write check.json", "Write check.html (self-contained)"}, changed
 
     doc = json.loads((report / "check.json").read_text())
     with open(SCHEMA) as fh:
@@ -261,6 +266,12 @@ def test_nccl_drift_memory_held_and_unreachable(lab, served, tmp_path):
     assert runner.rc == 0, out[-3000:]
     stats = check_stats(runner)
     assert ("CRIT", "nccl_block_missing", None) in codes(stats, a)
+    # Read-only (issue 30, item 8): the engine.py check finds a file the patch would change on a, yet reports no
+    # change, and the recap counts none on any host.
+    assert [e["res"]["files"][0]["changed"] for e in lab.events(runner, "runner_on_ok", "sglang_nccl_patch")
+            if e["host"] == a] == [True]
+    assert [e["task"] for e in lab.events(runner, "runner_on_ok") if (e.get("res") or {}).get("changed")] == []
+    assert not any(runner.stats.get("changed", {}).values()), runner.stats
     assert "playbooks/patch.yml" in [r for r in stats[a]["reasons"] if r["code"] == "nccl_block_missing"][0]["text"]
     assert ("CRIT", "nccl_worker_env", None) in codes(stats, b)
     assert ("WARN", "restart_needed", None) in codes(stats, b)

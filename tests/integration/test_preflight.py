@@ -8,6 +8,7 @@ Asserted on ansible-runner events: the verdict task (``Stop here if anything wou
 passes or fails per host with a message naming the problem, the module results carry the facts behind it,
 and nothing is changed on any host (runner stats).
 """
+import base64
 import json
 import os
 import re
@@ -598,3 +599,164 @@ def test_empty_sglang_port_counts_as_unset_and_a_bad_one_is_named_as_the_user_se
     text = "\n".join(data["res"]["msg"])
     assert name == "runner_on_failed" and 'sglang_port must be a port number between 1 and 65535, got "abc"' in text
     assert "sglang_preflight_port" not in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 30, items 3 and 8: the seed's own hand-typed NCCL line in engine.py, and a full filesystem under engine.py.
+
+SEED_LINE = 'os.environ["NCCL_PROTO"] = "Simple"'
+# Types argv[2] into argv[1]'s _set_envs_and_config at the start-method call's indentation, before or after it
+# (argv[3]); prints the 1-based line it went to.
+TYPE_LINE = ("import sys\n"
+             "path, line, where = sys.argv[1:4]\n"
+             "lines = open(path).read().split('\\n')\n"
+             "i = next(n for n, t in enumerate(lines) if t.strip().startswith('mp.set_start_method('))\n"
+             "indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]\n"
+             "at = i + 1 if where == 'after' else i\n"
+             "lines.insert(at, indent + line)\n"
+             "open(path, 'w').write('\\n'.join(lines))\n"
+             "print(at + 1)\n")
+WORKER_NCCL = ("import json, os, re\n"
+               "out = {}\n"
+               "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+               "    try:\n"
+               "        title = open('/proc/%s/cmdline' % pid, 'rb').read().split(b'\\0')[0].decode()\n"
+               "        if re.match(r'sglang::scheduler_TP\\d+$', title):\n"
+               "            env = open('/proc/%s/environ' % pid, 'rb').read().decode('utf-8', 'replace').split('\\0')\n"
+               "            out[pid] = dict(e.partition('=')[::2] for e in env if e.startswith('NCCL_'))\n"
+               "    except OSError:\n"
+               "        pass\n"
+               "print(json.dumps(out))\n")
+
+
+def worker_nccl(lab, host):
+    """{worker pid: its NCCL_* variables} of every sglang::scheduler_TP<n> on ``host``."""
+    return json.loads(lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", WORKER_NCCL], check=True).stdout)
+
+
+def type_line(lab, host, engine, where):
+    res = lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c", TYPE_LINE, engine, SEED_LINE, where], check=True)
+    return int(res.stdout.strip())
+
+
+def read_bytes(lab, host, path):
+    return lab.exec(host, ["base64", "-w0", path], check=True).stdout
+
+
+def write_bytes(lab, host, path, b64):
+    lab.exec(host, ["sh", "-c", 'base64 -d > "$0"', path], input=b64, check=True)
+
+
+@pytest.mark.parametrize("where", ["after", pytest.param("before", marks=pytest.mark.lab_only_once)])
+def test_a_hand_typed_nccl_line_refuses_the_restart_and_the_old_server_keeps_its_values(fleet, serving, where):
+    host, pids = serving
+    engine = entrypoints_dir(fleet, host) + "/engine.py"
+    original = read_bytes(fleet, host, engine)
+    workers = worker_nccl(fleet, host)
+    assert len(workers) == 8
+    try:
+        line = type_line(fleet, host, engine, where)
+        edited = read_bytes(fleet, host, engine)
+        runner = fleet.run_playbook(RESTART, limit=host)
+        text = assert_refused_and_still_serving(
+            fleet, runner, host, pids, "NCCL patch would fail",
+            '%s:%d: %s' % (engine, line, SEED_LINE), "sglang_nccl_patch_hand_edits=take_over", "No file was changed")
+        assert ("(after mp.set_start_method(...))" in text) is (where == "after")
+        assert read_bytes(fleet, host, engine) == edited
+        assert worker_nccl(fleet, host) == workers
+        assert fleet.exec(host, ["sh", "-c", 'ls "$0" | grep -c "~$" || true', os.path.dirname(engine)]).stdout.strip() == "0"
+    finally:
+        write_bytes(fleet, host, engine, original)
+
+
+@pytest.mark.lab_only_once
+def test_take_over_restarts_with_the_inventory_values_and_absent_puts_the_hand_line_back(fleet, serving):
+    """take_over: the restart serves the inventory's values, the backup holds the hand line, state=absent puts it back.
+    Then a take-over run whose launch fails: the rollback puts engine.py back as it was before that run (the hand line
+    in effect again) and relaunches the recorded launch, whose workers now read Simple, not the recorded LL: the note
+    must not say "previous configuration" (gpufleet_rollback_serves)."""
+    host, _ = serving
+    engine = entrypoints_dir(fleet, host) + "/engine.py"
+    original = read_bytes(fleet, host, engine)
+    expected = {k: str(v) for k, v in fleet.group_vars["sglang_nccl_env"].items()}
+    fast = {"sglang_stop_grace_s": 10, "sglang_launch_ready_slice_s": 5, "sglang_nccl_patch_hand_edits": "take_over"}
+    try:
+        line = type_line(fleet, host, engine, "after")
+        edited = read_bytes(fleet, host, engine)
+        runner = fleet.run_playbook(RESTART, limit=host, extravars=fast)
+        with open(runner.stdout.name) as handle:
+            out = handle.read()
+        assert runner.status == "successful", out[-4000:]
+        # The run's output names the line taken over; the module's return lists it.
+        shown = [d["res"]["msg"] for d in fleet.events(runner, "runner_on_ok")
+                 if d.get("task") == "Show the hand-typed lines the patch took over or left" and d["host"] == host]
+        assert len(shown) == 1 and shown[0][0].startswith(
+            '%s:%d: %s -- after the start-method call; taken over by this run' % (engine, line, SEED_LINE)), shown
+        assert "taken over by this run" in out
+        patch = module_results(runner, "sglang_nccl_patch")[host]
+        taken = [h for h in patch.get("hand_edits", []) if h["action"] == "taken_over"]
+        assert [(h["line"], h["text"]) for h in taken] == [(line, SEED_LINE)]
+        # Every new worker carries the inventory's values (NCCL_PROTO LL, not the hand line's Simple).
+        workers = worker_nccl(fleet, host)
+        assert len(workers) == 8 and all({k: env.get(k) for k in expected} == expected for env in workers.values())
+        # The backup beside engine.py holds the file with the hand line.
+        backups = fleet.exec(host, ["sh", "-c", 'ls -t "$0".*~ | head -1', engine], check=True).stdout.strip()
+        assert read_bytes(fleet, host, backups) == edited
+        # state=absent: the block goes and the hand line comes back, byte for byte: the file as typed, without the
+        # block an earlier run may have put there.
+        absent = fleet.run_playbook("playbooks/patch.yml", limit=host, extravars={"sglang_nccl_patch_state": "absent"})
+        assert absent.status == "successful"
+        typed = base64.b64decode(edited).decode("utf-8").split("\n")
+        marks = [i for i, text in enumerate(typed) if "gpufleet managed block" in text]
+        unblocked = "\n".join(typed[:marks[0]] + typed[marks[1] + 1:]) if marks else "\n".join(typed)
+        assert base64.b64decode(read_bytes(fleet, host, engine)).decode("utf-8") == unblocked
+        assert SEED_LINE in unblocked and "gpufleet managed block" not in unblocked
+        edited = read_bytes(fleet, host, engine)
+
+        fleet.fault(host, crash_with_arg="--max-running-requests")
+        failed = fleet.run_playbook(RESTART, limit=host, extravars=dict(
+            fast, sglang_launch_args=fleet.launch_args_expr({"max-running-requests": 7})))
+        assert failed.status == "failed"
+        rollback = [d["res"]["ansible_facts"]["_gpufleet_rollback"] for d in fleet.events(failed, "runner_on_ok", "set_fact")
+                    if d["host"] == host and "_gpufleet_rollback" in d.get("res", {}).get("ansible_facts", {})][-1]
+        assert rollback["state"] == "rolled_back", rollback
+        assert "previous configuration" not in rollback["detail"], rollback
+        assert "not the previous NCCL values" in rollback["detail"] and "NCCL_PROTO" in rollback["detail"], rollback
+        assert read_bytes(fleet, host, engine) == edited
+        workers = worker_nccl(fleet, host)
+        assert len(workers) == 8 and all(env.get("NCCL_PROTO") == "Simple" for env in workers.values())
+        assert fleet.wait_http(host, timeout_s=30) == 200
+    finally:
+        fleet.clear_faults(host)
+        fleet.exec(host, ["sh", "-c", 'rm -f "$0".*~', engine])
+        write_bytes(fleet, host, engine, original)
+
+
+@pytest.mark.lab_only_once
+def test_a_filesystem_too_full_for_the_patch_refuses_the_host_and_leaves_nothing(fleet, serving):
+    host, pids = serving
+    entrypoints = entrypoints_dir(fleet, host)
+    engine = entrypoints + "/engine.py"
+    # A small tmpfs over the entrypoints directory (the host's own mount namespace) holding copies of its files, with
+    # room for a patched copy of engine.py but not also for its backup (never the machine's disk).
+    size_kib = int(fleet.exec(host, ["du", "-sk", entrypoints], check=True).stdout.split()[0])
+    engine_kib = int(fleet.exec(host, ["du", "-k", engine], check=True).stdout.split()[0])
+    script = ('d="$0"; t=$(mktemp -d); cp -a "$d/." "$t/"; mount -t tmpfs -o size="$1"k gpufleet-full "$d" && '
+              'cp -a "$t/." "$d/"; rc=$?; rm -rf "$t"; exit $rc')
+    fleet.exec(host, ["sh", "-c", script, entrypoints, str(size_kib + engine_kib + 16)], check=True)
+    try:
+        listing = fleet.exec(host, ["ls", "-a", entrypoints], check=True).stdout
+        before = fleet.exec(host, ["sha256sum", engine], check=True).stdout
+        env = {"GPUFLEET_PREFLIGHT_TEST": "full-%d" % os.getpid()}  # a value no run wrote: engine.py must change
+        runner = fleet.run_playbook(RESTART, limit=host, extravars={"sglang_nccl_env": env})
+        text = assert_refused_and_still_serving(
+            fleet, runner, host, pids, "NCCL patch would fail",
+            "not enough room on the filesystem mounted at %s for the NCCL patch: it needs" % entrypoints,
+            "the backup of engine.py")
+        needed, free = re.search(r"it needs (\d+) bytes .* and has (\d+) bytes free", text).groups()
+        assert int(needed) > int(free)
+        assert fleet.exec(host, ["ls", "-a", entrypoints], check=True).stdout == listing
+        assert fleet.exec(host, ["sha256sum", engine], check=True).stdout == before
+    finally:
+        fleet.exec(host, ["umount", entrypoints], check=True)
+

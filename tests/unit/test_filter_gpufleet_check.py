@@ -355,3 +355,21 @@ def test_a_field_the_restart_wait_reads_that_reads_no_number_is_crit_on_that_gpu
     [reason] = r["reasons"]
     assert "GPU 6 (GPU-00000006): %s unreadable (reads %r)" % (field, raw) in reason["text"]
     assert "a restart would be refused" in reason["text"]
+
+
+def test_hand_typed_lines_in_the_function_are_named_with_what_a_restart_does():
+    g = healthy()
+    g["patch_present"]["hand_edits"] = [
+        {"path": "/x/e.py", "line": 1950, "text": 'os.environ["NCCL_PROTO"] = "Simple"', "names": ["NCCL_PROTO"],
+         "after_anchor": True, "action": "refused"},
+        {"path": "/x/e.py", "line": 1900, "text": 'os.environ["NCCL_DEBUG"] = "INFO"', "names": ["NCCL_DEBUG"],
+         "after_anchor": False, "action": "reported"},
+        {"path": "/x/e.py", "line": 1901, "text": "taken before", "names": ["NCCL_ALGO"], "after_anchor": False,
+         "action": "kept"},
+    ]
+    r = verdict(g)
+    assert codes(r) == {("WARN", "nccl_hand_edit", None)} and len(r["reasons"]) == 2
+    first, second = [x["text"] for x in r["reasons"]]
+    assert first.startswith('/x/e.py:1950: os.environ["NCCL_PROTO"] = "Simple" is typed by hand')
+    assert "overrides the NCCL block" in first and "sglang_nccl_patch_hand_edits=take_over" in first
+    assert second.endswith("sglang_nccl_env does not set that variable, the line applies")

@@ -4,6 +4,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_patch import (
     NOT_CHANGED,
+    gpufleet_hand_edit_lines,
     gpufleet_patch_kept,
     gpufleet_patch_record,
     gpufleet_patch_restore,
@@ -103,3 +104,19 @@ def test_unread_workers_or_an_old_record_make_no_claim_about_nccl_values():
     assert "predates its NCCL values" in gpufleet_rollback_serves({"skipped": True}, {"argv": []})
     # No NCCL values were recorded (sglang_nccl_env empty): nothing to show, the configuration is the recorded one.
     assert gpufleet_rollback_serves({"skipped": True}, {"nccl_env": {}}) == "the host serves the previous configuration"
+
+
+def test_hand_edit_lines_say_what_happened_to_each_line():
+    entries = [
+        {"path": ENGINE, "line": 1950, "text": 'os.environ["NCCL_PROTO"] = "Simple"', "names": ["NCCL_PROTO"],
+         "after_anchor": True, "action": "taken_over"},
+        {"path": ENGINE, "line": 1900, "text": 'os.environ["NCCL_DEBUG"] = "INFO"', "names": ["NCCL_DEBUG"],
+         "after_anchor": False, "action": "reported"},
+    ]
+    first, second = gpufleet_hand_edit_lines(entries)
+    assert first.startswith(ENGINE + ':1950: os.environ["NCCL_PROTO"] = "Simple" -- after the start-method call; ')
+    assert "taken over by this run" in first and "absent puts it back" in first
+    assert second.endswith("left as it is (sglang_nccl_env does not set NCCL_DEBUG): it still applies to the workers")
+    assert gpufleet_hand_edit_lines([]) == []
+    with pytest.raises(AnsibleFilterError):
+        gpufleet_hand_edit_lines(None)

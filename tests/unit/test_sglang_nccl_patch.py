@@ -171,7 +171,7 @@ def test_other_env_replaces_block_instead_of_adding_one():
 def test_empty_env_removes_block():
     first = patch_module.plan_patch(SOURCE, [("A", "1")], "present")["after"]
     plan = patch_module.plan_patch(first, [], "present")
-    assert plan == {"after": SOURCE, "changed": True, "line": None, "placement": None}
+    assert plan == {"after": SOURCE, "changed": True, "line": None, "placement": None, "hand_edits": []}
 
 
 @pytest.mark.parametrize("mangle", [
@@ -376,7 +376,7 @@ def test_stale_bytecode_of_patched_file_is_removed(tmp_path, capsys):
 def test_source_that_would_not_compile_is_never_written(tmp_path, capsys, monkeypatch):
     path = make_tree(tmp_path)
     before = path.read_bytes()
-    monkeypatch.setattr(patch_module, "render_block", lambda items, indent, eol: [indent + "os.environ[\n"])
+    monkeypatch.setattr(patch_module, "render_block", lambda items, indent, eol, taken=(): [indent + "os.environ[\n"])
     result = run_main(capsys, {"path": str(path), "env": ENV})
     assert result["failed"] and "does not compile" in result["msg"] and str(path) in result["msg"]
     assert path.read_bytes() == before
@@ -610,3 +610,155 @@ def test_every_changed_file_gets_its_own_backup_and_stale_bytecode_removed(tmp_p
         with open(entry["backup_file"], "rb") as handle:
             assert handle.read() == original
     assert list(cache.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hand-typed writes of the block's variables (issue 30, item 3) and a full disk (item 8).
+
+SEED_EDIT = '    os.environ["NCCL_PROTO"] = "Simple"\n'
+
+
+def with_seed_edit(where="after", line=SEED_EDIT):
+    return SOURCE.replace(ANCHOR, ANCHOR + line) if where == "after" else SOURCE.replace(ANCHOR, line + ANCHOR)
+
+
+@pytest.mark.parametrize("where", ["after", "before"])
+def test_a_hand_line_setting_a_managed_variable_is_refused_naming_file_line_and_text(tmp_path, capsys, where):
+    path = make_tree(tmp_path, with_seed_edit(where))
+    before = path.read_bytes()
+    for check in (True, False):
+        result = run_main(capsys, {"path": str(path), "env": {"NCCL_PROTO": "LL"}}, check_mode=check)
+        assert result["failed"] and result["changed"] is False and path.read_bytes() == before
+        line = 14 if where == "after" else 13
+        assert '%s:%d: os.environ["NCCL_PROTO"] = "Simple"' % (path, line) in result["msg"]
+        assert "sglang_nccl_patch_hand_edits=take_over" in result["msg"] and "No file was changed" in result["msg"]
+        assert ("(after mp.set_start_method(...))" in result["msg"]) is (where == "after")
+        assert result["hand_edits"] == [{"path": str(path), "line": line, "text": SEED_EDIT.strip(),
+                                         "names": ["NCCL_PROTO"], "after_anchor": where == "after",
+                                         "action": "refused"}]
+    assert os.listdir(str(path.parent)) == ["engine.py"]
+
+
+def test_sglangs_own_writes_of_a_managed_variable_are_not_hand_edits(tmp_path, capsys):
+    path = make_tree(tmp_path)
+    result = run_main(capsys, {"path": str(path), "env": {"NCCL_CUMEM_ENABLE": "1", "CUDA_DEVICE_MAX_CONNECTIONS": "1"}})
+    assert result["changed"] and not result.get("failed") and result["hand_edits"] == []
+
+
+def test_a_hand_line_of_another_variable_is_reported_and_left(tmp_path, capsys):
+    path = make_tree(tmp_path, with_seed_edit("after"))
+    result = run_main(capsys, {"path": str(path), "env": {"NCCL_ALGO": "Ring"}})
+    assert result["changed"] and not result.get("failed")
+    assert [(h["line"], h["action"]) for h in result["hand_edits"]] == [(14, "reported")]
+    assert SEED_EDIT in path.read_text()
+
+
+def test_take_over_removes_the_hand_line_into_the_backup_and_absent_puts_it_back(tmp_path, capsys):
+    original = with_seed_edit("after")
+    path = make_tree(tmp_path, original)
+    args = {"path": str(path), "env": {"NCCL_PROTO": "LL"}, "hand_edits": "take_over", "backup": True}
+    plan = run_main(capsys, args, check_mode=True)
+    assert plan["changed"] and path.read_text() == original
+    assert [(h["line"], h["action"]) for h in plan["hand_edits"]] == [(14, "taken_over")]
+    result = run_main(capsys, args)
+    assert result["changed"] and [(h["line"], h["action"]) for h in result["hand_edits"]] == [(14, "taken_over")]
+    with open(result["backup_file"]) as handle:
+        assert handle.read() == original
+    patched = path.read_text()
+    assert "Simple" not in patched.split(patch_module.END_MARKER)[1]
+    # What the workers inherit: the block's value, the hand line is gone.
+    assert run_set_envs_and_config(str(path), {})["NCCL_PROTO"] == "LL"
+    # The same run again, even with the default refuse: the line stays taken over, nothing changes.
+    again = run_main(capsys, {"path": str(path), "env": {"NCCL_PROTO": "LL"}})
+    assert not again.get("failed") and not again["changed"] and path.read_text() == patched
+    assert [h["action"] for h in again["hand_edits"]] == ["kept"]
+    # Other values: the block is replaced, the record of the taken line kept.
+    other = run_main(capsys, {"path": str(path), "env": {"NCCL_PROTO": "LL128"}})
+    assert other["changed"] and run_set_envs_and_config(str(path), {})["NCCL_PROTO"] == "LL128"
+    removed = run_main(capsys, {"path": str(path), "state": "absent"})
+    assert removed["changed"] and path.read_text() == original
+
+
+def test_a_line_that_cannot_be_taken_over_alone_is_refused_naming_it(tmp_path, capsys):
+    path = make_tree(tmp_path, with_seed_edit("after", '    os.environ["NCCL_PROTO"] = "Simple"; x = 1\n'))
+    before = path.read_bytes()
+    result = run_main(capsys, {"path": str(path), "env": {"NCCL_PROTO": "LL"}, "hand_edits": "take_over"})
+    assert result["failed"] and "cannot take over line 14" in result["msg"] and "shares its line" in result["msg"]
+    assert path.read_bytes() == before
+
+
+def test_space_problems_name_the_filesystem_the_bytes_needed_and_free():
+    def stat_fs(directory):
+        return {"device": 1 if directory == "/venv" else 2, "mount": "/" if directory == "/venv" else "/var",
+                "block": 4096, "free": 200000, "inodes": 10}
+    needs = [("/venv", 100000, "the patched copy of engine.py"), ("/venv", 99000, "the backup of engine.py"),
+             ("/var/lib/gpufleet", 99000, "the rollback copy of engine.py")]
+    problems = patch_module.space_problems(needs, stat_fs)
+    # 100000 and 99000 rounded up to 4096-byte blocks (102400 + 102400) plus 65536 to spare.
+    assert len(problems) == 1 and "mounted at / for the NCCL patch: it needs 270336 bytes" in problems[0]
+    assert "the backup of engine.py, 99000 bytes" in problems[0] and "has 200000 bytes free" in problems[0]
+    assert patch_module.space_problems(needs[:1], stat_fs) == []
+    few_inodes = patch_module.space_problems(needs[:2], lambda d: dict(stat_fs(d), free=10 ** 9, inodes=1))
+    assert "1 free inodes for 2 new files" in few_inodes[0]
+
+
+def test_space_needs_count_the_backup_and_the_rollback_copy_only_when_written():
+    entry = {"path": "/venv/sglang/srt/entrypoints/engine.py", "raw": b"x" * 10, "data": b"x" * 12}
+    assert patch_module.space_needs([entry], False, lambda e: None) == [
+        ("/venv/sglang/srt/entrypoints", 12, "the patched copy of engine.py")]
+    assert [n[:2] for n in patch_module.space_needs([entry], True, lambda e: "/var/lib/g/prev/x.prev")] == [
+        ("/venv/sglang/srt/entrypoints", 12), ("/venv/sglang/srt/entrypoints", 10), ("/var/lib/g/prev", 10)]
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check-mode", "run"])
+def test_a_filesystem_too_full_for_the_copy_and_the_backup_is_refused_before_any_write(tmp_path, capsys, monkeypatch,
+                                                                                      check):
+    path = make_tree(tmp_path)
+    before = path.read_bytes()
+    real = patch_module.filesystem_of
+    monkeypatch.setattr(patch_module, "filesystem_of", lambda d: dict(real(d), free=len(before)))
+    result = run_main(capsys, {"path": str(path), "env": ENV, "backup": True}, check_mode=check)
+    assert result["failed"] and "not enough room on the filesystem mounted at" in result["msg"]
+    assert "has %d bytes free" % len(before) in result["msg"] and "No file was changed" in result["msg"]
+    assert path.read_bytes() == before and os.listdir(str(path.parent)) == ["engine.py"]
+
+
+@pytest.mark.parametrize("failing", ["backup", "file"])
+def test_a_write_that_hits_a_full_disk_leaves_no_temporary_file_or_backup(tmp_path, capsys, monkeypatch, failing):
+    path = make_tree(tmp_path)
+    before = path.read_bytes()
+    real_fsync = os.fsync
+    calls = []
+
+    def fsync(fd):
+        # The backup's temporary copy is synced first, then the patched copy.
+        calls.append(fd)
+        if len(calls) == (1 if failing == "backup" else 2):
+            raise OSError(28, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    result = run_main(capsys, {"path": str(path), "env": ENV, "backup": True})
+    assert result["failed"] and "No space left on device" in result["msg"]
+    assert "free space there and rerun; no temporary file is left" in result["msg"]
+    assert "become" not in result["msg"]
+    assert path.read_bytes() == before
+    assert os.listdir(str(path.parent)) == ["engine.py"]
+    assert result["files"][0]["backup_file"] is None
+
+
+def test_a_hand_line_below_gpufleets_block_is_named_by_its_line_in_the_file_now(tmp_path, capsys):
+    # The usual case on a fleet: engine.py already carries the block when someone types a line after the call.
+    patched = patch_module.plan_patch(SOURCE, [("NCCL_PROTO", "LL")], "present")["after"]
+    lines = patched.splitlines(True)
+    anchor = lines.index(ANCHOR)
+    lines.insert(anchor + 1, SEED_EDIT)
+    path = make_tree(tmp_path, "".join(lines))
+    result = run_main(capsys, {"path": str(path), "env": {"NCCL_PROTO": "LL"}}, check_mode=True)
+    assert result["failed"] and result["hand_edits"][0]["line"] == anchor + 2
+    assert '%s:%d: os.environ["NCCL_PROTO"] = "Simple"' % (path, anchor + 2) in result["msg"]
+    assert path.read_text().splitlines()[anchor + 1] == SEED_EDIT.rstrip("\n")
+    taken = run_main(capsys, {"path": str(path), "env": {"NCCL_PROTO": "LL"}, "hand_edits": "take_over"})
+    assert [(h["line"], h["action"]) for h in taken["hand_edits"]] == [(anchor + 2, "taken_over")]
+    assert run_main(capsys, {"path": str(path), "state": "absent"})["changed"]
+    assert path.read_text() == with_seed_edit("after")
