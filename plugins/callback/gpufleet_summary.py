@@ -39,6 +39,9 @@ import atexit
 import importlib.util
 import os
 import re
+import signal
+import sys
+import threading
 import time
 
 from ansible import constants as C
@@ -306,6 +309,88 @@ def render(rows, table):
     return "\n".join(lines)
 
 
+# A cancelled or interrupted run must end even when ansible-core's own cleanup blocks: a worker that dies on the
+# signal while it holds the result queue's write lock (WorkerProcess._term: os._exit inside FinalQueue.put) leaves
+# the main process's put of the strategy's sentinel (StrategyBase.cleanup) waiting for ever. After this many
+# seconds the summary is printed from a watchdog thread and the process exits (rc 99, as on Ctrl-C).
+CANCEL_CLEANUP_S = 30.0
+INTERRUPTED_RC = 99  # ansible-playbook's "User interrupted execution"
+# What the cancel is called in rows and notes, per signal.
+CANCEL_WORD = {signal.SIGTERM: "cancelled", signal.SIGINT: "interrupted"}
+
+
+def cancel_cause(signum):
+    """The summary row's cause for a run ended by ``signum`` (SIGTERM: an AWX cancel, kill, a CI timeout; SIGINT:
+    Ctrl-C)."""
+    if signum == signal.SIGTERM:
+        return ("ansible-playbook was cancelled (SIGTERM: an AWX cancel, kill or a job timeout): no rescue, "
+                "rollback or summary task ran")
+    return "ansible-playbook was interrupted: no rescue, rollback or summary task ran"
+
+
+def bounded_exit(limit_s, last_words, exit_now=os._exit, rc=INTERRUPTED_RC, sleep=time.sleep):
+    """Start a daemon thread that, ``limit_s`` seconds from now, calls ``last_words()`` (print the summary; its
+    exceptions are swallowed), flushes stdout and stderr and ends the process with ``exit_now(rc)``: a bound on a
+    cancelled run's cleanup. A process that exits before never sees it fire. Returns the thread."""
+    def fire():
+        sleep(limit_s)
+        try:
+            last_words()
+        except Exception:  # noqa: BLE001 - the exit must come whatever the summary does
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        exit_now(rc)
+
+    thread = threading.Thread(target=fire, name="gpufleet-cancel-bound", daemon=True)
+    thread.start()
+    return thread
+
+
+def _is_tqm_handler(handler):
+    """True for ansible-core's TaskQueueManager._signal_handler (a bound method of the run's TaskQueueManager)."""
+    return getattr(getattr(handler, "__func__", None), "__name__", "") == "_signal_handler" and \
+        type(getattr(handler, "__self__", None)).__name__ == "TaskQueueManager"
+
+
+def install_cancel_handlers(on_signal, signals=(signal.SIGTERM, signal.SIGINT)):
+    """Make SIGTERM end ansible-playbook the way Ctrl-C does, and bound both.
+
+    ansible-core's TaskQueueManager handles SIGTERM by passing it to its workers and killing itself with it at once
+    (rc 143: no summary, no atexit); SIGINT it passes on and turns into KeyboardInterrupt, which ends the run through
+    the CLI's "User interrupted execution" (rc 99) and the interpreter's exit (atexit runs). Here each signal first
+    calls ``on_signal(signum)`` (note the cancel, start the bound), then runs ansible-core's handler as for SIGINT
+    (workers are told with SIGINT, which they handle as SIGTERM: kill the module's process group, exit; a second
+    Ctrl-C or SIGTERM then kills at once). Only in the main thread of the process that installs it; a forked worker
+    that gets the signal before it set its own handlers dies of it as before. Returns the previous handlers
+    (signum → handler), empty when it installed nothing: outside ansible-core's run (no TaskQueueManager handler)
+    or outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    if not all(_is_tqm_handler(signal.getsignal(signum)) for signum in signals):
+        return {}  # not inside ansible-playbook's run (a unit test, an embedding program): leave them alone
+    owner = os.getpid()
+    previous = {}
+
+    def handler(signum, frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        on_signal(signum)
+        previous[signal.SIGINT](signal.SIGINT, frame)  # tells the workers; raises KeyboardInterrupt
+        raise KeyboardInterrupt()
+
+    for signum in signals:
+        previous[signum] = signal.getsignal(signum)
+        signal.signal(signum, handler)
+    return previous
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -329,7 +414,25 @@ class CallbackModule(CallbackBase):
         self._phase = {}
         self._seen = {}
         self._stats_done = False
+        # The restart lock each host's run holds (its owner record), False once released; what ended the run.
+        self._lock = {}
+        self._signal = None
+        self._printed = False
         atexit.register(self._on_exit)
+        import ansible.plugins.callback as shared
+        if not shared.__dict__.get("_gpufleet_cancel_handlers"):  # once, when this file is loaded twice
+            shared.__dict__["_gpufleet_cancel_handlers"] = install_cancel_handlers(self._on_cancel) or None
+
+    def _on_cancel(self, signum):
+        """SIGTERM or SIGINT reached ansible-playbook: note which (every loaded copy of this callback reads it) and
+        bound the cleanup (:data:`CANCEL_CLEANUP_S`)."""
+        import ansible.plugins.callback as shared
+        shared.__dict__.setdefault("_gpufleet_cancel_signal", signum)
+        bounded_exit(CANCEL_CLEANUP_S, self._on_exit)
+
+    def _cancel_signal(self):
+        import ansible.plugins.callback as shared
+        return shared.__dict__.get("_gpufleet_cancel_signal")
 
     def _prints(self):
         if self._human is None:
@@ -364,8 +467,16 @@ class CallbackModule(CallbackBase):
             _load_filter("gpufleet_run", "gpufleet_server_seen")(
                 seen, _plain({k: res[k] for k in keys if k in res}), time.time())
 
+    def _note_lock(self, result):
+        """The restart lock this run holds per host (``gpufleet_lock_seen``: taken, renewed, released)."""
+        if self._is_restart() and ("acquired" in result.result or "lock_release" in result.result):
+            host = result.host.get_name()
+            self._lock[host] = _load_filter("gpufleet_run", "gpufleet_lock_seen")(
+                self._lock.get(host), _plain(dict(result.result)))
+
     def v2_runner_on_ok(self, result):
         self._note_server(result)
+        self._note_lock(result)
         res = result.result
         facts = res.get("ansible_facts") or {}
         if "gpufleet_restart_targets" in facts:
@@ -403,12 +514,16 @@ class CallbackModule(CallbackBase):
         if progress and self._prints() and _first_copy(self, "retry", _result_event(result)):
             self._display.display("  %s: %s" % (result.host.get_name(), _first_line(progress, 400)))
 
-    def interrupted_rows(self, now=None):
-        """Rows for the hosts a run interrupted before their own row (Ctrl-C): host → row with result
-        ``interrupted``, the phase, what that phase leaves on the host (``gpufleet_cut_short``) and the outage
-        so far (``gpufleet_outage_so_far``). A host's provisional ``unreachable`` row (published at each phase
-        start) is such a host too, unless the host really went unreachable."""
+    def interrupted_rows(self, now=None, signum=None):
+        """Rows for the hosts a run cancelled (SIGTERM) or interrupted (Ctrl-C) before their own row: host → row
+        with result ``cancelled``/``interrupted``, the phase, what the cancel really did there and what to do
+        (``gpufleet_cut_short`` from the phase and the stop's and launch's results seen, with the restart lock it
+        left) and the outage so far (``gpufleet_outage_so_far``). A host's provisional ``unreachable`` row
+        (published at each phase start) is such a host too, unless the host really went unreachable. Targeted hosts
+        no task of the rolling play reached get ``not_started`` (untouched)."""
         now = time.time() if now is None else now
+        signum = signum or self._cancel_signal() or signal.SIGINT
+        word = CANCEL_WORD.get(signum, "interrupted")
         cut_short = _load_filter("gpufleet_run", "gpufleet_cut_short")
         cut_phase = _load_filter("gpufleet_run", "gpufleet_cut_phase")
         outage = _load_filter("gpufleet_run", "gpufleet_outage_so_far")
@@ -419,28 +534,40 @@ class CallbackModule(CallbackBase):
                 continue
             seen = self._seen.get(host) or {}
             phase = cut_phase(phase, seen)
-            line = dict(host=host, result="interrupted", phase=phase,
-                        cause="ansible-playbook was interrupted: no rescue, rollback or summary task ran",
-                        advice=cut_short(phase, host, "interrupted"))
+            line = dict(host=host, result=word, phase=phase, cause=cancel_cause(signum),
+                        advice=cut_short(phase, host, word, seen, self._lock.get(host)))
             line.update(outage(seen, now))
             out[host] = line
+        for host in self._targets or []:
+            if host not in out and host not in self._phase and host not in self._rows and host not in self._failed \
+                    and host not in self._unreachable:
+                out[host] = {"host": host, "result": "not_started",
+                             "cause": "the run was %s before this host's turn" % word,
+                             "advice": "nothing was changed on this host (untouched)"}
         return out
 
     def _on_exit(self):
-        """At the interpreter's exit after a run interrupted before its stats: the summary of what is known,
-        with a row per host cut short (see :meth:`interrupted_rows`)."""
-        if self._stats_done or not self._is_restart() or not self._phase:
+        """At the interpreter's exit (or from the cancel's watchdog) after a run cancelled or interrupted before
+        its stats: the summary of what is known, with a row per host cut short (see :meth:`interrupted_rows`).
+        Printed once."""
+        if self._printed or self._stats_done or not self._is_restart():
+            return
+        signum = self._cancel_signal()
+        if not self._phase and signum is None:
             return
         import ansible.plugins.callback as shared
         if not self._prints() or not _first_copy(self, "exit", shared):
             return
+        self._printed = True
         rows = dict(self._rows)
-        rows.update(self.interrupted_rows())
-        if not any(r.get("result") == "interrupted" for r in rows.values()):
+        rows.update(self.interrupted_rows(signum=signum))
+        if signum is None and not any(r.get("result") == "interrupted" for r in rows.values()):
             return
         rows = build_rows(self._targets, rows, self._fact_rows, self._unreachable, self._failed)
-        self._display.banner("GPUFLEET SUMMARY (interrupted)")
+        self._display.banner("GPUFLEET SUMMARY (%s)" % (
+            "cancelled: SIGTERM" if signum == signal.SIGTERM else "interrupted"))
         self._display.display(render(rows, _load_table()))
+        sys.stdout.flush()
 
     def v2_playbook_on_stats(self, stats):
         self._stats_done = True

@@ -47,11 +47,12 @@ def _load_run_filter():
 _RUN = _load_run_filter()
 
 
-def cut_short(phase, host, word="cancelled", seen=None):
-    """What a restart of ``host`` cut short in ``phase`` leaves behind (``gpufleet_cut_short``; a new server seen
-    ready in ``seen`` makes it the verify phase's text: ``gpufleet_cut_phase``)."""
+def cut_short(phase, host, word="cancelled", seen=None, lock=None):
+    """What a restart of ``host`` cut short in ``phase`` really did and what to do (``gpufleet_cut_short`` with
+    the results ``seen`` and the restart ``lock`` left; a new server seen ready makes it the verify phase:
+    ``gpufleet_cut_phase``)."""
     if _RUN is not None:
-        return _RUN.gpufleet_cut_short(_RUN.gpufleet_cut_phase(phase, seen), host, word)
+        return _RUN.gpufleet_cut_short(_RUN.gpufleet_cut_phase(phase, seen), host, word, seen, lock)
     return "%s in %s: playbooks/check.yml -e target=%s shows the host now" % (word, phase, host)
 
 
@@ -121,7 +122,7 @@ class FleetProgress:
         if name not in self._hosts:
             self._hosts[name] = {"host": name, "phase": None, "task": "", "state": "running", "cause": None,
                                  "started": self._clock(), "ended": None, "changed": 0,
-                                 "seen": {}}
+                                 "seen": {}, "lock": None}
             self._order.append(name)
         return self._hosts[name]
 
@@ -170,6 +171,7 @@ class FleetProgress:
         """The old and new server's pids and when the stop and readiness happened (``gpufleet_server_seen``)."""
         if _RUN is not None:
             _RUN.gpufleet_server_seen(row["seen"], res, self._wall())
+            row["lock"] = _RUN.gpufleet_lock_seen(row["lock"], res)
 
     def finish(self, status="successful"):
         """End the run: hosts still running are ``ok`` after a run that ended (ansible-runner status
@@ -182,7 +184,7 @@ class FleetProgress:
             if row["state"] == "running":
                 row["state"] = "ok" if status in ("successful", "failed") else "canceled"
                 if row["state"] == "canceled" and row["phase"] and not row["cause"]:
-                    row["cause"] = cut_short(row["phase"], row["host"], seen=row["seen"])
+                    row["cause"] = cut_short(row["phase"], row["host"], seen=row["seen"], lock=row["lock"])
 
     def wall(self):
         """The wall clock (epoch s) this progress reads."""

@@ -237,7 +237,9 @@ def test_a_restart_cancelled_after_the_stop_reports_the_old_pid_and_the_outage_s
     row = report["hosts"]["gpu-01"]
     assert row["old_pid"] == 4242 and row["new_pid"] == 5151
     assert row["downtime_s"] == 31.5 and row["still_down"] is True
-    assert "most likely serves nothing now" in row["cause"]
+    # the stop (process method) started the new server: the cancel left it running, unverified and unrecorded
+    assert row["cause"].startswith("cancelled after the stop (old server pid 4242): the new server (pid 5151) was "
+                                   "started but not verified and not recorded"), row["cause"]
     assert report["hosts"]["gpu-02"]["old_pid"] is None and report["hosts"]["gpu-02"]["downtime_s"] is None
     table = cli.fleet_table(report)
     downtime = [c for c in table.columns if c.header == "downtime_s"][0]
@@ -256,7 +258,8 @@ def test_a_restart_cancelled_after_the_new_server_was_ready_says_it_runs_unverif
     wall.t = 5020.0
     row = events.build_report("restart", p, "canceled", None, "/a")["hosts"]["gpu-01"]
     assert row["downtime_s"] == 12.0 and row["still_down"] is False and row["new_pid"] == 5151
-    assert row["cause"].startswith("cancelled in verify: the new server runs but was not verified")
+    assert row["cause"].startswith("cancelled after the new server (pid 5151) answered, before verify ended: it "
+                                   "serves but was not verified"), row["cause"]
 
 
 def test_sigterm_cancels_the_run_as_ctrl_c_does_and_the_handler_is_put_back():

@@ -316,12 +316,13 @@ def test_an_interrupted_run_still_prints_what_each_host_was_left_in(monkeypatch)
                                              "stop_ms": 2000}, FakeTask("Stop", role="sglang_stop")))
     plugin.v2_runner_on_start(Named("h2"), FakeTask("Wait", role="gpu_memory_wait"))
     rows = plugin.interrupted_rows(now=cb.time.time() + 5)
-    assert list(rows) == ["h2"]
+    assert list(rows) == ["h2", "h3"]
     h2 = rows["h2"]
     assert h2["result"] == "interrupted" and h2["phase"] == "wait" and h2["old_pid"] == 20 and h2["still_down"]
     assert 6.5 <= h2["downtime_s"] <= 8.0, h2
-    assert h2["advice"].startswith("interrupted after the stop, in the wait for GPU memory: this host most likely "
-                                   "serves nothing now; rerun playbooks/restart.yml -e target=h2")
+    assert h2["advice"].startswith("interrupted after the stop (old server pid 20), before a new server was "
+                                   "started: this host serves nothing now; rerun playbooks/restart.yml -e target=h2")
+    assert rows["h3"]["result"] == "not_started" and "untouched" in rows["h3"]["advice"]
     plugin._on_exit()
     text = "\n".join(plugin._display.lines)
     assert "BANNER GPUFLEET SUMMARY (interrupted)" in plugin._display.lines
