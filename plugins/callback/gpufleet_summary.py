@@ -74,6 +74,7 @@ UNREACHABLE_ADVICE = {
     "launch": "ssh lost during launch: the server may have come up; run playbooks/check.yml for this host",
     "verify": "the new server was up when the connection was lost: run playbooks/check.yml for this host",
 }
+_PHASE_IN_TASK = re.compile(r"\((preflight|lock|stop|wait|patch|launch|verify)\)\s*$")
 # The first play of every playbook (playbooks/tasks/guards.yml): its failures concern the run, not a host.
 GUARD_PLAY_PREFIX = "Check the command line"
 
@@ -189,8 +190,14 @@ def _phase_of(task, play_name=""):
     if name in PHASE_OF_ROLE:
         return PHASE_OF_ROLE[name]
     path = task.get_path() or "" if hasattr(task, "get_path") else ""
-    if "restart_lock" in path:
+    if "restart_lock_take" in path:
         return "lock"
+    # restart.yml's own tasks end in "(<phase>)" ("Renew the restart lock (wait)"), as the gpufleet CLI reads them
+    match = _PHASE_IN_TASK.search(task.get_name() or "") if hasattr(task, "get_name") else None
+    if match:
+        return match.group(1)
+    if "restart_lock" in path:
+        return None  # a renewal or the release: the host stays in its phase
     if (play_name or "").startswith("Preflight"):
         return "preflight"
     return None

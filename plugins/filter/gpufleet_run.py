@@ -553,7 +553,9 @@ def gpufleet_cut_short(phase, host, word="cancelled", seen=None, lock=None):
     (:func:`gpufleet_lock_left`)."""
     seen = seen or {}
     old, new, ready = seen.get("old_pid"), seen.get("new_pid"), seen.get("ready_at") is not None
-    stopped = seen.get("stopped_at") is not None
+    stopped = seen.get("stopped_at") is not None or bool(seen.get("stop_done"))
+    what = " (old server pid %s)" % old if old and seen.get("stopped_at") is not None else \
+        " (no server was running)" if stopped else ""
     rerun = _RERUN_AFTER_CUT.format(host=host)
     if phase in ("stop", "wait", "launch", "verify") and ready and new:
         text = ("%s after the new server (pid %s) answered, before verify ended: it serves but was not verified "
@@ -561,14 +563,13 @@ def gpufleet_cut_short(phase, host, word="cancelled", seen=None, lock=None):
                 % (word, new, rerun))
     elif phase in ("stop", "wait", "launch", "verify") and stopped and new:
         text = ("%s after the stop%s: the new server (pid %s) was started but not verified and not recorded "
-                "(it may still be loading, or have failed); %s"
-                % (word, " (old server pid %s)" % old if old else "", new, rerun))
+                "(it may still be loading, or have failed); %s" % (word, what, new, rerun))
     elif phase in ("stop", "wait") and stopped:
         text = ("%s after the stop%s, before a new server was started: this host serves nothing now; %s"
-                % (word, " (old server pid %s)" % old if old else "", rerun))
+                % (word, what, rerun))
     elif phase == "launch" and stopped:
         text = ("%s in the launch, after the stop%s: the new server may have been started and be loading, or not; "
-                "nothing was verified or recorded; %s" % (word, " (old server pid %s)" % old if old else "", rerun))
+                "nothing was verified or recorded; %s" % (word, what, rerun))
     else:
         text = _CUT_IN.get(phase)
         if not text:
@@ -632,6 +633,12 @@ def gpufleet_server_seen(seen, res, now):
         start = res.get("start") if isinstance(res.get("start"), Mapping) else {}
         if start.get("started") and _pid(start.get("pid")):
             seen["new_pid"] = _pid(start["pid"])
+    elif isinstance(signalled, list) and isinstance(res.get("start"), Mapping):
+        # restart.yml's own stop (only it passes start_after; preflight's check-mode preview returns no start)
+        # found no server to stop; it may have started the new one
+        seen["stop_done"] = True
+        if res["start"].get("started") and _pid(res["start"].get("pid")):
+            seen["new_pid"] = _pid(res["start"]["pid"])
     elif "ready" in res and _pid(res.get("pid")) and "signalled" not in res:
         seen["new_pid"] = _pid(res["pid"])
         if res.get("ready") is True and seen.get("ready_at") is None:

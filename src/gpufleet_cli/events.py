@@ -26,7 +26,8 @@ GUARD_PLAY_PREFIX = "Check the command line"
 # set_stats keys the playbooks publish: command → key.
 STATS_KEY = {"restart": "gpufleet_restart", "check": "gpufleet_check"}
 # Row results that count as a failed host.
-BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not_reached", "canceled"))
+BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not_reached", "canceled", "cancelled",
+                         "interrupted"))
 CHECK_VERDICTS = ("OK", "WARN", "CRIT")
 
 
@@ -117,6 +118,7 @@ class FleetProgress:
         self.artifact_data = {}
         self.check_reports = {}
         self.changes = []  # (host, phase) in the order phases began: what a non-terminal display prints
+        self.playbook_pid = None  # ansible-playbook's main process (every event names it): the one a cancel signals
 
     def _host(self, name):
         if name not in self._hosts:
@@ -130,6 +132,8 @@ class FleetProgress:
         """Update from one ansible-runner event dict; returns True when something shown may have changed."""
         kind = event.get("event", "")
         data = event.get("event_data") or {}
+        if self.playbook_pid is None and isinstance(event.get("pid"), int) and event["pid"] > 0:
+            self.playbook_pid = event["pid"]
         if kind == "playbook_on_stats":
             self.stats = {key: data.get(key) or {} for key in ("ok", "failures", "dark", "changed", "skipped",
                                                                   "rescued", "ignored", "processed")}
@@ -175,15 +179,15 @@ class FleetProgress:
 
     def finish(self, status="successful"):
         """End the run: hosts still running are ``ok`` after a run that ended (ansible-runner status
-        successful/failed), ``canceled`` after one that was cancelled, timed out or did not finish; a cancelled
+        successful/failed), ``cancelled`` (the summary callback's word) after one that was cancelled, timed out or did not finish; a cancelled
         restart host gets a cause saying what its phase leaves behind (``gpufleet_cut_short``)."""
         now = self._clock()
         for row in self._hosts.values():
             if row["ended"] is None:
                 row["ended"] = now
             if row["state"] == "running":
-                row["state"] = "ok" if status in ("successful", "failed") else "canceled"
-                if row["state"] == "canceled" and row["phase"] and not row["cause"]:
+                row["state"] = "ok" if status in ("successful", "failed") else "cancelled"
+                if row["state"] == "cancelled" and row["phase"] and not row["cause"]:
                     row["cause"] = cut_short(row["phase"], row["host"], seen=row["seen"], lock=row["lock"])
 
     def wall(self):

@@ -540,3 +540,75 @@ def test_property_the_guard_never_raises_and_passes_only_values_within_the_bound
     if not errors and not run.gpufleet_unset(value) and not isinstance(value, bool):
         number = float(str(value).strip())
         assert number <= run._HIGHEST.get(name, 65535), (name, value)
+
+
+# -- what a cancel really did (issue 30, item 6) ----------------------------------------------------------------
+
+def _seen(*results, now=1000.0):
+    seen = {}
+    for res in results:
+        run.gpufleet_server_seen(seen, res, now)
+    return seen
+
+
+STOPPED = {"signalled": [{"pid": 20, "signals": ["SIGTERM"]}], "main_pid": 20, "stop_ms": 500}
+STOPPED_AND_STARTED = dict(STOPPED, start={"started": True, "pid": 31})
+NOTHING_TO_STOP_BUT_STARTED = {"signalled": [], "main_pid": None, "stop_ms": 3, "start": {"started": True, "pid": 31}}
+PREVIEW = {"signalled": [{"pid": 20, "signals": []}], "main_pid": 20, "stop_ms": 0}  # preflight's check-mode stop
+
+
+@pytest.mark.parametrize("phase,results,words", [
+    ("preflight", [PREVIEW], "cancelled in preflight: nothing was changed on this host (untouched)"),
+    ("patch", [PREVIEW], "cancelled in the patch, before the stop: the old server still serves"),
+    ("stop", [PREVIEW], "cancelled after the stop began, before a new server was seen serving"),
+    ("wait", [STOPPED], "cancelled after the stop (old server pid 20), before a new server was started: this host "
+                        "serves nothing now"),
+    ("wait", [STOPPED_AND_STARTED], "cancelled after the stop (old server pid 20): the new server (pid 31) was "
+                                    "started but not verified and not recorded"),
+    ("launch", [NOTHING_TO_STOP_BUT_STARTED], "cancelled after the stop (no server was running): the new server "
+                                              "(pid 31) was started but not verified and not recorded"),
+    ("launch", [STOPPED], "cancelled in the launch, after the stop (old server pid 20): the new server may have "
+                          "been started"),
+    ("launch", [STOPPED_AND_STARTED, {"pid": 31, "ready": True}],
+     "cancelled after the new server (pid 31) answered, before verify ended: it serves but was not verified"),
+    ("rollback", [STOPPED], "cancelled during the rollback: this host may serve nothing now"),
+])
+def test_a_cancel_note_says_what_the_results_seen_show(phase, results, words):
+    note = run.gpufleet_cut_short(phase, "gpu-07", "cancelled", _seen(*results))
+    assert note.startswith(words), note
+    if phase != "preflight":
+        assert "rerun playbooks/restart.yml -e target=gpu-07" in note
+
+
+def test_a_cancel_note_names_the_lock_left_and_how_it_is_cleared():
+    lock = {"run_id": "awx-4711", "lease_s": 300}
+    note = run.gpufleet_cut_short("wait", "gpu-07", "cancelled", _seen(STOPPED_AND_STARTED), lock)
+    assert note.endswith("The restart lock (run awx-4711) stays on the host: a rerun from this controller takes it "
+                         "over at once (its pid is gone), one from elsewhere (a new AWX job) once its lease ends (300 s "
+                         "after its last renewal), or at once after playbooks/unlock.yml -e target=gpu-07"), note
+    assert run.gpufleet_cut_short("wait", "h", "cancelled", {}, False).endswith(". No restart lock was left")
+    assert "restart lock" not in run.gpufleet_cut_short("wait", "h", "cancelled", {}, None)  # not known: no word
+    assert "restart lock" not in run.gpufleet_cut_short("preflight", "h", "cancelled", {}, lock)
+    assert run.gpufleet_cut_short("nonsense", "h") is None
+
+
+def test_the_lock_a_run_holds_follows_the_lock_modules_results():
+    lock = {"run_id": "r1", "lease_s": 300}
+    held = run.gpufleet_lock_seen(None, {"result": "taken", "acquired": True, "lock": lock, "lease_s": 300})
+    assert held == lock
+    assert run.gpufleet_lock_seen(held, {"result": "renewed", "acquired": True, "lock": dict(lock, renewed_at=5),
+                                         "lease_s": 300})["renewed_at"] == 5
+    assert run.gpufleet_lock_seen(held, {"result": "released", "acquired": False, "lock": lock, "lease_s": 300}) \
+        is False
+    assert run.gpufleet_lock_seen(held, {"lock_release": {"result": "released"}}) is False
+    # another run's lock refused us: we hold none (and nothing else changes what we know)
+    assert run.gpufleet_lock_seen(None, {"result": "refused", "acquired": False, "lock": {"run_id": "other"},
+                                         "lease_s": 300}) is None
+    assert run.gpufleet_lock_seen(held, {"msg": "an unrelated result"}) == held
+    assert run.gpufleet_lock_seen(held, "not a mapping") == held
+
+
+def test_a_stop_that_found_nothing_but_started_the_new_server_is_seen_and_a_preview_is_not():
+    seen = _seen(NOTHING_TO_STOP_BUT_STARTED)
+    assert seen["stop_done"] and seen["new_pid"] == 31 and "stopped_at" not in seen
+    assert _seen(PREVIEW) == {}

@@ -337,3 +337,125 @@ def test_an_interrupted_run_still_prints_what_each_host_was_left_in(monkeypatch)
     before = list(done._display.lines)
     done._on_exit()
     assert done._display.lines == before
+
+
+# -- cancels: SIGTERM (an AWX cancel) ends ansible-playbook as Ctrl-C does, with the summary (issue 30, item 6) -----
+
+@pytest.fixture
+def sigterm_seen(monkeypatch):
+    """The run was cancelled by SIGTERM (the mark every loaded copy of the callback reads)."""
+    import signal
+    import ansible.plugins.callback as shared
+    monkeypatch.setitem(shared.__dict__, "_gpufleet_cancel_signal", signal.SIGTERM)
+    monkeypatch.setitem(shared.__dict__, "_gpufleet_summary_handled", {})  # no earlier test's copy printed it
+    return signal.SIGTERM
+
+
+def test_a_sigterm_cancel_prints_what_it_did_on_each_host_and_the_lock_it_left(monkeypatch, sigterm_seen):
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the command line before touching any host"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1", "h2"]}}))
+    plugin.v2_playbook_on_play_start(Named("Restart SGLang host by host (patch, stop, wait, launch, verify)"))
+    lock = {"run_id": "awx-4711", "lease_s": 300, "pid": 12}
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Take the restart lock", path="playbooks/tasks/restart_lock_take.yml"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"result": "taken", "acquired": True, "lock": lock, "lease_s": 300}))
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Stop", role="sglang_stop"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"signalled": [{"pid": 20, "signals": ["SIGTERM"]}], "main_pid": 20,
+                                             "stop_ms": 900, "start": {"started": True, "pid": 31}},
+                                      FakeTask("Stop", role="sglang_stop")))
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Wait", role="gpu_memory_wait"))
+    plugin._on_exit()
+    text = "\n".join(plugin._display.lines)
+    assert "BANNER GPUFLEET SUMMARY (cancelled: SIGTERM)" in plugin._display.lines
+    assert "h1: cancelled in wait: ansible-playbook was cancelled (SIGTERM" in text
+    assert ("next: cancelled after the stop (old server pid 20): the new server (pid 31) was started but not "
+            "verified and not recorded") in text
+    assert "The restart lock (run awx-4711) stays on the host" in text and "unlock.yml -e target=h1" in text
+    assert "h2: not_started: the run was cancelled before this host's turn" in text and "(untouched)" in text
+    before = list(plugin._display.lines)
+    plugin._on_exit()  # the watchdog and atexit both call it: printed once
+    assert plugin._display.lines == before
+
+
+def test_a_sigterm_cancel_during_the_guard_play_still_says_every_host_is_untouched(monkeypatch, sigterm_seen):
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the command line before touching any host"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1", "h2"]}}))
+    plugin._on_exit()
+    text = "\n".join(plugin._display.lines)
+    assert "h1, h2: not_started: the run was cancelled before this host's turn" in text, text
+
+
+def test_a_released_lock_is_not_reported_left(monkeypatch, sigterm_seen):
+    plugin = make(monkeypatch)
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    plugin.v2_playbook_on_play_start(Named("Restart SGLang host by host"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"result": "taken", "acquired": True, "lock": {"run_id": "r1"},
+                                             "lease_s": 300}))
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Verify", role="sglang_verify"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"lock_release": {"result": "released"}, "changed": True}))
+    rows = plugin.interrupted_rows()
+    assert "No restart lock was left" in rows["h1"]["advice"] and "stays on the host" not in rows["h1"]["advice"]
+
+
+class TaskQueueManager:
+    """Stands in for ansible-core's: its _signal_handler tells the workers and raises KeyboardInterrupt on SIGINT
+    (on SIGTERM it would kill the process)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _signal_handler(self, signum, frame):
+        import signal
+        self.calls.append(signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt()
+        raise AssertionError("ansible-core's SIGTERM path (kill itself) must not run")
+
+
+def test_sigterm_takes_ansible_cores_ctrl_c_path_and_starts_the_bound(monkeypatch):
+    import os
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can be set only in the main thread")
+    tqm = TaskQueueManager()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    seen = []
+    try:
+        # outside ansible-core's run (no TaskQueueManager handler) nothing is installed
+        assert cb.install_cancel_handlers(seen.append) == {}
+        assert signal.getsignal(signal.SIGTERM) == saved[signal.SIGTERM]
+        signal.signal(signal.SIGTERM, tqm._signal_handler)
+        signal.signal(signal.SIGINT, tqm._signal_handler)
+        previous = cb.install_cancel_handlers(seen.append)
+        assert set(previous) == {signal.SIGTERM, signal.SIGINT}
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100):
+                threading.Event().wait(0.01)
+        assert seen == [signal.SIGTERM] and tqm.calls == [signal.SIGINT]  # the workers are told as on Ctrl-C
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # a second SIGTERM ends it at once
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def test_the_bound_prints_the_summary_and_exits_when_cleanup_blocks():
+    import threading
+    done, said, exits = threading.Event(), [], []
+
+    def exit_now(rc):
+        exits.append(rc)
+        done.set()
+
+    thread = cb.bounded_exit(0.05, lambda: said.append("summary"), exit_now=exit_now)
+    assert done.wait(5) and said == ["summary"] and exits == [cb.INTERRUPTED_RC]
+    assert thread.daemon  # a process that ends before the bound never waits for it
+
+    def broken():
+        raise RuntimeError("display gone")
+
+    done.clear()
+    cb.bounded_exit(0.01, broken, exit_now=exit_now)
+    assert done.wait(5) and exits == [cb.INTERRUPTED_RC] * 2  # the exit comes whatever the summary does
