@@ -357,6 +357,17 @@ def bounded_exit(limit_s, last_words, exit_now=os._exit, rc=INTERRUPTED_RC, slee
     return thread
 
 
+def end_workers(workers, kill=os.kill):
+    """SIGTERM to each live worker process of the run (ansible-core's WorkerProcess: its handler kills the module's
+    process group, then exits): nothing the run started keeps running after the bound's exit."""
+    for worker in workers or []:
+        try:
+            if worker is not None and worker.is_alive() and worker.pid:
+                kill(worker.pid, signal.SIGTERM)
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            pass
+
+
 def _is_tqm_handler(handler):
     """True for ansible-core's TaskQueueManager._signal_handler (a bound method of the run's TaskQueueManager)."""
     return getattr(getattr(handler, "__func__", None), "__name__", "") == "_signal_handler" and \
@@ -432,10 +443,29 @@ class CallbackModule(CallbackBase):
 
     def _on_cancel(self, signum):
         """SIGTERM or SIGINT reached ansible-playbook: note which (every loaded copy of this callback reads it) and
-        bound the cleanup (:data:`CANCEL_CLEANUP_S`)."""
+        bound the cleanup (:data:`CANCEL_CLEANUP_S`): then the summary, the workers told to end, the exit."""
         import ansible.plugins.callback as shared
         shared.__dict__.setdefault("_gpufleet_cancel_signal", signum)
-        bounded_exit(CANCEL_CLEANUP_S, self._on_exit)
+        tqm = (shared.__dict__.get("_gpufleet_cancel_handlers") or {}).get(signal.SIGINT)
+        workers = getattr(getattr(tqm, "__self__", None), "get_workers", lambda: [])
+
+        def last_words():
+            self._on_exit()
+            end_workers(workers())
+
+        bounded_exit(CANCEL_CLEANUP_S, last_words)
+
+    def _cancel_checkpoint(self):
+        """Raise the cancel's KeyboardInterrupt again, in the main thread, while the run goes on after it: the
+        signal handler's own raise is lost when the signal lands where Python ignores exceptions (seen in the lab:
+        inside logging's fork hook, _releaseLock, as a worker was forked: "Exception ignored in ..."; the run
+        then went on to its end). Every task start and result passes here in the main thread."""
+        if self._cancel_signal() is not None and not self._stats_done and \
+                threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt()
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._cancel_checkpoint()
 
     def _cancel_signal(self):
         import ansible.plugins.callback as shared
@@ -459,6 +489,7 @@ class CallbackModule(CallbackBase):
         return self._seen_restart or self._targets is not None
 
     def v2_runner_on_start(self, host, task):
+        self._cancel_checkpoint()
         if not self._is_restart():
             return
         phase = _phase_of(task, self._play_name)
@@ -482,6 +513,12 @@ class CallbackModule(CallbackBase):
                 self._lock.get(host), _plain(dict(result.result)))
 
     def v2_runner_on_ok(self, result):
+        try:
+            self._v2_runner_on_ok(result)
+        finally:
+            self._cancel_checkpoint()  # after the result is noted
+
+    def _v2_runner_on_ok(self, result):
         self._note_server(result)
         self._note_lock(result)
         res = result.result
@@ -501,6 +538,12 @@ class CallbackModule(CallbackBase):
                 self._rows[host] = published
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
+        try:
+            self._v2_runner_on_failed(result, ignore_errors=ignore_errors)
+        finally:
+            self._cancel_checkpoint()  # after the result is noted
+
+    def _v2_runner_on_failed(self, result, ignore_errors=False):
         self._note_server(result)
         if ignore_errors:
             return
@@ -512,6 +555,12 @@ class CallbackModule(CallbackBase):
         self._failed[host] = (_phase_of(result.task, self._play_name), result.task.get_name(), str(msg))
 
     def v2_runner_on_unreachable(self, result):
+        try:
+            self._v2_runner_on_unreachable(result)
+        finally:
+            self._cancel_checkpoint()  # after the result is noted
+
+    def _v2_runner_on_unreachable(self, result):
         host = result.host.get_name()
         phase = _phase_of(result.task, self._play_name)
         self._unreachable[host] = (phase, str(result.result.get("msg") or "unreachable"))

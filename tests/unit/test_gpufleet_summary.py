@@ -343,12 +343,12 @@ def test_an_interrupted_run_still_prints_what_each_host_was_left_in(monkeypatch)
 
 @pytest.fixture
 def sigterm_seen(monkeypatch):
-    """The run was cancelled by SIGTERM (the mark every loaded copy of the callback reads)."""
+    """Call it to mark the run cancelled by SIGTERM (the mark every loaded copy of the callback reads)."""
     import signal
     import ansible.plugins.callback as shared
-    monkeypatch.setitem(shared.__dict__, "_gpufleet_cancel_signal", signal.SIGTERM)
     monkeypatch.setitem(shared.__dict__, "_gpufleet_summary_handled", {})  # no earlier test's copy printed it
-    return signal.SIGTERM
+    monkeypatch.delitem(shared.__dict__, "_gpufleet_cancel_signal", raising=False)
+    return lambda: monkeypatch.setitem(shared.__dict__, "_gpufleet_cancel_signal", signal.SIGTERM)
 
 
 def test_a_sigterm_cancel_prints_what_it_did_on_each_host_and_the_lock_it_left(monkeypatch, sigterm_seen):
@@ -364,6 +364,7 @@ def test_a_sigterm_cancel_prints_what_it_did_on_each_host_and_the_lock_it_left(m
                                              "stop_ms": 900, "start": {"started": True, "pid": 31}},
                                       FakeTask("Stop", role="sglang_stop")))
     plugin.v2_runner_on_start(Named("h1"), FakeTask("Wait", role="gpu_memory_wait"))
+    sigterm_seen()
     plugin._on_exit()
     text = "\n".join(plugin._display.lines)
     assert "BANNER GPUFLEET SUMMARY (cancelled: SIGTERM)" in plugin._display.lines
@@ -381,6 +382,7 @@ def test_a_sigterm_cancel_during_the_guard_play_still_says_every_host_is_untouch
     plugin = make(monkeypatch)
     plugin.v2_playbook_on_play_start(Named("Check the command line before touching any host"))
     plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1", "h2"]}}))
+    sigterm_seen()
     plugin._on_exit()
     text = "\n".join(plugin._display.lines)
     assert "h1, h2: not_started: the run was cancelled before this host's turn" in text, text
@@ -394,6 +396,7 @@ def test_a_released_lock_is_not_reported_left(monkeypatch, sigterm_seen):
                                              "lease_s": 300}))
     plugin.v2_runner_on_start(Named("h1"), FakeTask("Verify", role="sglang_verify"))
     plugin.v2_runner_on_ok(FakeResult("h1", {"lock_release": {"result": "released"}, "changed": True}))
+    sigterm_seen()
     rows = plugin.interrupted_rows()
     assert "No restart lock was left" in rows["h1"]["advice"] and "stays on the host" not in rows["h1"]["advice"]
 
@@ -459,3 +462,48 @@ def test_the_bound_prints_the_summary_and_exits_when_cleanup_blocks():
     done.clear()
     cb.bounded_exit(0.01, broken, exit_now=exit_now)
     assert done.wait(5) and exits == [cb.INTERRUPTED_RC] * 2  # the exit comes whatever the summary does
+
+
+def test_a_cancel_whose_interrupt_was_lost_is_raised_again_at_the_next_task_or_result(monkeypatch, sigterm_seen):
+    # Seen in the lab: SIGTERM landed in logging's fork hook as a worker was forked; Python ignored the
+    # KeyboardInterrupt raised there and the run went on to its end.
+    plugin = make(monkeypatch)
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    plugin.v2_playbook_on_play_start(Named("Restart SGLang host by host"))
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Stop", role="sglang_stop"))
+    sigterm_seen()
+    with pytest.raises(KeyboardInterrupt):  # the result is noted first, then the interrupt comes again
+        plugin.v2_runner_on_ok(FakeResult("h1", dict(STOP_RESULT), FakeTask("Stop", role="sglang_stop")))
+    assert plugin._seen["h1"]["old_pid"] == 20
+    with pytest.raises(KeyboardInterrupt):
+        plugin.v2_playbook_on_task_start(FakeTask("Wait", role="gpu_memory_wait"), False)
+    with pytest.raises(KeyboardInterrupt):
+        plugin.v2_runner_on_start(Named("h1"), FakeTask("Wait", role="gpu_memory_wait"))
+    # not from another thread (ansible-core's results thread must live), and not after the stats
+    import threading
+    raised = []
+    thread = threading.Thread(target=lambda: raised.append(plugin._cancel_checkpoint()))
+    thread.start()
+    thread.join()
+    assert raised == [None]
+    plugin._stats_done = True
+    plugin.v2_runner_on_ok(FakeResult("h1", {"changed": False}))
+
+
+STOP_RESULT = {"signalled": [{"pid": 20, "signals": ["SIGTERM"]}], "main_pid": 20, "stop_ms": 900}
+
+
+def test_the_bound_tells_the_workers_still_alive_to_end():
+    import signal
+
+    class Worker:
+        def __init__(self, pid, alive):
+            self.pid, self._alive = pid, alive
+
+        def is_alive(self):
+            return self._alive
+
+    sent = []
+    cb.end_workers([Worker(11, True), None, Worker(12, False), Worker(13, True)],
+                   kill=lambda pid, sig: sent.append((pid, sig)))
+    assert sent == [(11, signal.SIGTERM), (13, signal.SIGTERM)]
