@@ -21,6 +21,13 @@ description:
     is not ok gets its phase, cause, rollback and what to do next. Hosts whose lines say the same share them
     (a guard failure or a fleet-wide refusal is said once, with the hosts it concerns; more than six are named by
     their first three, the last and the count); the host's own name in such a shared line reads C(<host>)."
+  - "Cancels: SIGTERM (an AWX cancel, kill, a job timeout) ends ansible-playbook the way Ctrl-C does (ansible-core
+    alone killed itself at once, rc 143, printing nothing): the running tasks are stopped, no rescue, rollback or
+    always: section runs, it exits 99 and prints C(GPUFLEET SUMMARY (cancelled: SIGTERM)) (C((interrupted)) after
+    Ctrl-C) with a row per host saying what the cancel did there, from the results seen (untouched; the old server
+    stopped; the new server started but not verified and not recorded; ...) and the restart lock it left. Should
+    ansible-core's cleanup block (a worker killed while it held the result queue's lock), the summary is printed 30 s
+    after the signal, the workers are told to end and the process exits all the same."
   - "Check: for playbooks/check.yml (it publishes C(gpufleet_check) with C(set_stats)) prints the fleet table
     instead: host, verdict (OK|WARN|CRIT), GPUs ok/total, the first reasons (severity, code, GPU), and a count line."
   - "Progress: for a task retried with C(until)/C(retries) whose result carries a C(progress) string (the readiness

@@ -322,7 +322,9 @@ _MAY_BE_ZERO = ("sglang_stop_grace_s", "gpufleet_router_drain_timeout_s", "sglan
 # the lock as long, or overflowing (a lease of 1e20 s has no date; int(1e400) raises): a day for a timeout, an hour
 # for a slice or a start-up watch, a minute for a poll interval, 1 TiB for GPU memory, and request and token counts
 # far beyond what a verification sends.
-_DAY_S, _HOUR_S, _MINUTE_MS = 86400, 3600, 60000
+_DAY_S = 86400
+_HOUR_S = 3600
+_MINUTE_MS = 60000
 _HIGHEST = {
     "sglang_stop_poll_interval_ms": 100, "sglang_verify_max_regression_fraction": 1,
     "sglang_launch_ready_timeout_s": _DAY_S, "sglang_launch_ready_slice_s": _HOUR_S,
