@@ -21,6 +21,13 @@ description:
     is not ok gets its phase, cause, rollback and what to do next. Hosts whose lines say the same share them
     (a guard failure or a fleet-wide refusal is said once, with the hosts it concerns; more than six are named by
     their first three, the last and the count); the host's own name in such a shared line reads C(<host>)."
+  - "Cancels: SIGTERM (an AWX cancel, kill, a job timeout) ends ansible-playbook the way Ctrl-C does (ansible-core
+    alone killed itself at once, rc 143, printing nothing): the running tasks are stopped, no rescue, rollback or
+    always: section runs, it exits 99 and prints C(GPUFLEET SUMMARY (cancelled: SIGTERM)) (C((interrupted)) after
+    Ctrl-C) with a row per host saying what the cancel did there, from the results seen (untouched; the old server
+    stopped; the new server started but not verified and not recorded; ...) and the restart lock it left. Should
+    ansible-core's cleanup block (a worker killed while it held the result queue's lock), the summary is printed 30 s
+    after the signal, the workers are told to end and the process exits all the same."
   - "Check: for playbooks/check.yml (it publishes C(gpufleet_check) with C(set_stats)) prints the fleet table
     instead: host, verdict (OK|WARN|CRIT), GPUs ok/total, the first reasons (severity, code, GPU), and a count line."
   - "Progress: for a task retried with C(until)/C(retries) whose result carries a C(progress) string (the readiness
@@ -39,6 +46,9 @@ import atexit
 import importlib.util
 import os
 import re
+import signal
+import sys
+import threading
 import time
 
 from ansible import constants as C
@@ -71,6 +81,7 @@ UNREACHABLE_ADVICE = {
     "launch": "ssh lost during launch: the server may have come up; run playbooks/check.yml for this host",
     "verify": "the new server was up when the connection was lost: run playbooks/check.yml for this host",
 }
+_PHASE_IN_TASK = re.compile(r"\((preflight|lock|stop|wait|patch|launch|verify)\)\s*$")
 # The first play of every playbook (playbooks/tasks/guards.yml): its failures concern the run, not a host.
 GUARD_PLAY_PREFIX = "Check the command line"
 
@@ -186,8 +197,14 @@ def _phase_of(task, play_name=""):
     if name in PHASE_OF_ROLE:
         return PHASE_OF_ROLE[name]
     path = task.get_path() or "" if hasattr(task, "get_path") else ""
-    if "restart_lock" in path:
+    if "restart_lock_take" in path:
         return "lock"
+    # restart.yml's own tasks end in "(<phase>)" ("Renew the restart lock (wait)"), as the gpufleet CLI reads them
+    match = _PHASE_IN_TASK.search(task.get_name() or "") if hasattr(task, "get_name") else None
+    if match:
+        return match.group(1)
+    if "restart_lock" in path:
+        return None  # a renewal or the release: the host stays in its phase
     if (play_name or "").startswith("Preflight"):
         return "preflight"
     return None
@@ -306,6 +323,99 @@ def render(rows, table):
     return "\n".join(lines)
 
 
+# A cancelled or interrupted run must end even when ansible-core's own cleanup blocks: a worker that dies on the
+# signal while it holds the result queue's write lock (WorkerProcess._term: os._exit inside FinalQueue.put) leaves
+# the main process's put of the strategy's sentinel (StrategyBase.cleanup) waiting for ever. After this many
+# seconds the summary is printed from a watchdog thread and the process exits (rc 99, as on Ctrl-C).
+CANCEL_CLEANUP_S = 30.0
+INTERRUPTED_RC = 99  # ansible-playbook's "User interrupted execution"
+# What the cancel is called in rows and notes, per signal.
+CANCEL_WORD = {signal.SIGTERM: "cancelled", signal.SIGINT: "interrupted"}
+
+
+def cancel_cause(signum):
+    """The summary row's cause for a run ended by ``signum`` (SIGTERM: an AWX cancel, kill, a CI timeout; SIGINT:
+    Ctrl-C)."""
+    if signum == signal.SIGTERM:
+        return ("ansible-playbook was cancelled (SIGTERM: an AWX cancel, kill or a job timeout): no rescue, "
+                "rollback or summary task ran")
+    return "ansible-playbook was interrupted: no rescue, rollback or summary task ran"
+
+
+def bounded_exit(limit_s, last_words, exit_now=os._exit, rc=INTERRUPTED_RC, sleep=time.sleep):
+    """Start a daemon thread that, ``limit_s`` seconds from now, calls ``last_words()`` (print the summary; its
+    exceptions are swallowed), flushes stdout and stderr and ends the process with ``exit_now(rc)``: a bound on a
+    cancelled run's cleanup. A process that exits before never sees it fire. Returns the thread."""
+    def fire():
+        sleep(limit_s)
+        try:
+            last_words()
+        except Exception:  # noqa: BLE001 - the exit must come whatever the summary does
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        exit_now(rc)
+
+    thread = threading.Thread(target=fire, name="gpufleet-cancel-bound", daemon=True)
+    thread.start()
+    return thread
+
+
+def end_workers(workers, kill=os.kill):
+    """SIGTERM to each live worker process of the run (ansible-core's WorkerProcess: its handler kills the module's
+    process group, then exits): nothing the run started keeps running after the bound's exit."""
+    for worker in workers or []:
+        try:
+            if worker is not None and worker.is_alive() and worker.pid:
+                kill(worker.pid, signal.SIGTERM)
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            pass
+
+
+def _is_tqm_handler(handler):
+    """True for ansible-core's TaskQueueManager._signal_handler (a bound method of the run's TaskQueueManager)."""
+    return getattr(getattr(handler, "__func__", None), "__name__", "") == "_signal_handler" and \
+        type(getattr(handler, "__self__", None)).__name__ == "TaskQueueManager"
+
+
+def install_cancel_handlers(on_signal, signals=(signal.SIGTERM, signal.SIGINT)):
+    """Make SIGTERM end ansible-playbook the way Ctrl-C does, and bound both.
+
+    ansible-core's TaskQueueManager handles SIGTERM by passing it to its workers and killing itself with it at once
+    (rc 143: no summary, no atexit); SIGINT it passes on and turns into KeyboardInterrupt, which ends the run through
+    the CLI's "User interrupted execution" (rc 99) and the interpreter's exit (atexit runs). Here each signal first
+    calls ``on_signal(signum)`` (note the cancel, start the bound), then runs ansible-core's handler as for SIGINT
+    (workers are told with SIGINT, which they handle as SIGTERM: kill the module's process group, exit; a second
+    Ctrl-C or SIGTERM then kills at once). Only in the main thread of the process that installs it; a forked worker
+    that gets the signal before it set its own handlers dies of it as before. Returns the previous handlers
+    (signum → handler), empty when it installed nothing: outside ansible-core's run (no TaskQueueManager handler)
+    or outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    if not all(_is_tqm_handler(signal.getsignal(signum)) for signum in signals):
+        return {}  # not inside ansible-playbook's run (a unit test, an embedding program): leave them alone
+    owner = os.getpid()
+    previous = {}
+
+    def handler(signum, frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        on_signal(signum)
+        previous[signal.SIGINT](signal.SIGINT, frame)  # tells the workers; raises KeyboardInterrupt
+        raise KeyboardInterrupt()
+
+    for signum in signals:
+        previous[signum] = signal.getsignal(signum)
+        signal.signal(signum, handler)
+    return previous
+
+
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
@@ -329,7 +439,44 @@ class CallbackModule(CallbackBase):
         self._phase = {}
         self._seen = {}
         self._stats_done = False
+        # The restart lock each host's run holds (its owner record), False once released; what ended the run.
+        self._lock = {}
+        self._signal = None
+        self._printed = False
         atexit.register(self._on_exit)
+        import ansible.plugins.callback as shared
+        if not shared.__dict__.get("_gpufleet_cancel_handlers"):  # once, when this file is loaded twice
+            shared.__dict__["_gpufleet_cancel_handlers"] = install_cancel_handlers(self._on_cancel) or None
+
+    def _on_cancel(self, signum):
+        """SIGTERM or SIGINT reached ansible-playbook: note which (every loaded copy of this callback reads it) and
+        bound the cleanup (:data:`CANCEL_CLEANUP_S`): then the summary, the workers told to end, the exit."""
+        import ansible.plugins.callback as shared
+        shared.__dict__.setdefault("_gpufleet_cancel_signal", signum)
+        tqm = (shared.__dict__.get("_gpufleet_cancel_handlers") or {}).get(signal.SIGINT)
+        workers = getattr(getattr(tqm, "__self__", None), "get_workers", lambda: [])
+
+        def last_words():
+            self._on_exit()
+            end_workers(workers())
+
+        bounded_exit(CANCEL_CLEANUP_S, last_words)
+
+    def _cancel_checkpoint(self):
+        """Raise the cancel's KeyboardInterrupt again, in the main thread, while the run goes on after it: the
+        signal handler's own raise is lost when the signal lands where Python ignores exceptions (seen in the lab:
+        inside logging's fork hook, _releaseLock, as a worker was forked: "Exception ignored in ..."; the run
+        then went on to its end). Every task start and result passes here in the main thread."""
+        if self._cancel_signal() is not None and not self._stats_done and \
+                threading.current_thread() is threading.main_thread():
+            raise KeyboardInterrupt()
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._cancel_checkpoint()
+
+    def _cancel_signal(self):
+        import ansible.plugins.callback as shared
+        return shared.__dict__.get("_gpufleet_cancel_signal")
 
     def _prints(self):
         if self._human is None:
@@ -349,6 +496,7 @@ class CallbackModule(CallbackBase):
         return self._seen_restart or self._targets is not None
 
     def v2_runner_on_start(self, host, task):
+        self._cancel_checkpoint()
         if not self._is_restart():
             return
         phase = _phase_of(task, self._play_name)
@@ -364,8 +512,22 @@ class CallbackModule(CallbackBase):
             _load_filter("gpufleet_run", "gpufleet_server_seen")(
                 seen, _plain({k: res[k] for k in keys if k in res}), time.time())
 
+    def _note_lock(self, result):
+        """The restart lock this run holds per host (``gpufleet_lock_seen``: taken, renewed, released)."""
+        if self._is_restart() and ("acquired" in result.result or "lock_release" in result.result):
+            host = result.host.get_name()
+            self._lock[host] = _load_filter("gpufleet_run", "gpufleet_lock_seen")(
+                self._lock.get(host), _plain(dict(result.result)))
+
     def v2_runner_on_ok(self, result):
+        try:
+            self._v2_runner_on_ok(result)
+        finally:
+            self._cancel_checkpoint()  # after the result is noted
+
+    def _v2_runner_on_ok(self, result):
         self._note_server(result)
+        self._note_lock(result)
         res = result.result
         facts = res.get("ansible_facts") or {}
         if "gpufleet_restart_targets" in facts:
@@ -383,6 +545,12 @@ class CallbackModule(CallbackBase):
                 self._rows[host] = published
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
+        try:
+            self._v2_runner_on_failed(result, ignore_errors=ignore_errors)
+        finally:
+            self._cancel_checkpoint()  # after the result is noted
+
+    def _v2_runner_on_failed(self, result, ignore_errors=False):
         self._note_server(result)
         if ignore_errors:
             return
@@ -394,6 +562,12 @@ class CallbackModule(CallbackBase):
         self._failed[host] = (_phase_of(result.task, self._play_name), result.task.get_name(), str(msg))
 
     def v2_runner_on_unreachable(self, result):
+        try:
+            self._v2_runner_on_unreachable(result)
+        finally:
+            self._cancel_checkpoint()  # after the result is noted
+
+    def _v2_runner_on_unreachable(self, result):
         host = result.host.get_name()
         phase = _phase_of(result.task, self._play_name)
         self._unreachable[host] = (phase, str(result.result.get("msg") or "unreachable"))
@@ -403,12 +577,16 @@ class CallbackModule(CallbackBase):
         if progress and self._prints() and _first_copy(self, "retry", _result_event(result)):
             self._display.display("  %s: %s" % (result.host.get_name(), _first_line(progress, 400)))
 
-    def interrupted_rows(self, now=None):
-        """Rows for the hosts a run interrupted before their own row (Ctrl-C): host → row with result
-        ``interrupted``, the phase, what that phase leaves on the host (``gpufleet_cut_short``) and the outage
-        so far (``gpufleet_outage_so_far``). A host's provisional ``unreachable`` row (published at each phase
-        start) is such a host too, unless the host really went unreachable."""
+    def interrupted_rows(self, now=None, signum=None):
+        """Rows for the hosts a run cancelled (SIGTERM) or interrupted (Ctrl-C) before their own row: host → row
+        with result ``cancelled``/``interrupted``, the phase, what the cancel really did there and what to do
+        (``gpufleet_cut_short`` from the phase and the stop's and launch's results seen, with the restart lock it
+        left) and the outage so far (``gpufleet_outage_so_far``). A host's provisional ``unreachable`` row
+        (published at each phase start) is such a host too, unless the host really went unreachable. Targeted hosts
+        no task of the rolling play reached get ``not_started`` (untouched)."""
         now = time.time() if now is None else now
+        signum = signum or self._cancel_signal() or signal.SIGINT
+        word = CANCEL_WORD.get(signum, "interrupted")
         cut_short = _load_filter("gpufleet_run", "gpufleet_cut_short")
         cut_phase = _load_filter("gpufleet_run", "gpufleet_cut_phase")
         outage = _load_filter("gpufleet_run", "gpufleet_outage_so_far")
@@ -419,28 +597,40 @@ class CallbackModule(CallbackBase):
                 continue
             seen = self._seen.get(host) or {}
             phase = cut_phase(phase, seen)
-            line = dict(host=host, result="interrupted", phase=phase,
-                        cause="ansible-playbook was interrupted: no rescue, rollback or summary task ran",
-                        advice=cut_short(phase, host, "interrupted"))
+            line = dict(host=host, result=word, phase=phase, cause=cancel_cause(signum),
+                        advice=cut_short(phase, host, word, seen, self._lock.get(host)))
             line.update(outage(seen, now))
             out[host] = line
+        for host in self._targets or []:
+            if host not in out and host not in self._phase and host not in self._rows and host not in self._failed \
+                    and host not in self._unreachable:
+                out[host] = {"host": host, "result": "not_started",
+                             "cause": "the run was %s before this host's turn" % word,
+                             "advice": "nothing was changed on this host (untouched)"}
         return out
 
     def _on_exit(self):
-        """At the interpreter's exit after a run interrupted before its stats: the summary of what is known,
-        with a row per host cut short (see :meth:`interrupted_rows`)."""
-        if self._stats_done or not self._is_restart() or not self._phase:
+        """At the interpreter's exit (or from the cancel's watchdog) after a run cancelled or interrupted before
+        its stats: the summary of what is known, with a row per host cut short (see :meth:`interrupted_rows`).
+        Printed once."""
+        if self._printed or self._stats_done or not self._is_restart():
+            return
+        signum = self._cancel_signal()
+        if not self._phase and signum is None:
             return
         import ansible.plugins.callback as shared
         if not self._prints() or not _first_copy(self, "exit", shared):
             return
+        self._printed = True
         rows = dict(self._rows)
-        rows.update(self.interrupted_rows())
-        if not any(r.get("result") == "interrupted" for r in rows.values()):
+        rows.update(self.interrupted_rows(signum=signum))
+        if signum is None and not any(r.get("result") == "interrupted" for r in rows.values()):
             return
         rows = build_rows(self._targets, rows, self._fact_rows, self._unreachable, self._failed)
-        self._display.banner("GPUFLEET SUMMARY (interrupted)")
+        self._display.banner("GPUFLEET SUMMARY (%s)" % (
+            "cancelled: SIGTERM" if signum == signal.SIGTERM else "interrupted"))
         self._display.display(render(rows, _load_table()))
+        sys.stdout.flush()
 
     def v2_playbook_on_stats(self, stats):
         self._stats_done = True

@@ -10,8 +10,10 @@ default.
 
 - ``gpufleet_unset(value)`` → bool: None, ``""`` or only whitespace.
 - ``gpufleet_serial_error(value)`` → str: why ``gpufleet_serial`` is not a valid ``serial`` ('' when valid).
-- ``gpufleet_serial_value(value)`` → int|str|list: what ``serial:`` gets (1 when unset or invalid, so the
-  play's ``serial`` never raises; the guard play has failed already in that case).
+- ``gpufleet_serial_value(value, n_hosts=None)`` → int|str|list: what ``serial:`` gets (1 when unset or invalid, so
+  the play's ``serial`` never raises; the guard play has failed already in that case; counts capped at the play's
+  hosts, percentages whole: what ansible-core's batching takes without hanging or raising).
+- ``gpufleet_serial_notes(value, n_hosts)`` → list of str: a count above the targeted hosts means all of them.
 - ``gpufleet_batch_size(value, n_hosts)`` → int: the most hosts one ``serial`` batch takes out of ``n_hosts``.
 - ``gpufleet_capacity_error(serial, max_unavailable, n_hosts)`` → str: why ``gpufleet_serial`` takes out more hosts
   than ``gpufleet_max_unavailable`` allows ('' when it does not, or when either is unset or invalid).
@@ -19,6 +21,7 @@ default.
   variable the user set.
 - ``gpufleet_guard_report(hostvars, hosts)`` → list of str: those errors over the targeted hosts, de-duplicated.
 - ``gpufleet_guard_deprecations(hostvars, hosts)`` → list of str: deprecated variables in use.
+- ``gpufleet_guard_notes(hostvars, hosts)`` → list of str: valid values the run does not take as written.
 - ``gpufleet_rows(hosts, result, cause, phase, advice)`` → dict: summary rows for hosts not restarted.
 - ``gpufleet_restart_row(facts)`` → dict: one host's row from its facts (restart.yml's always: section).
 - ``gpufleet_preflight_rows(hostvars, targets, play_hosts_all, play_hosts)`` → dict: rows after a refusal.
@@ -65,16 +68,32 @@ def gpufleet_unset(value):
     return isinstance(value, str) and not value.strip()
 
 
+# A count written as more digits than Python turns into an int (sys.int_info.default_max_str_digits) stands for
+# "more hosts than any inventory holds": it is capped like any other count above the targeted hosts.
+_HUGE_COUNT = 10 ** 18
+
+
+def _count(text):
+    """The whole number ``text`` (digits, maybe blank around) as an int; :data:`_HUGE_COUNT` when it is too long for
+    Python to read (thousands of digits)."""
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        return _HUGE_COUNT
+
+
 def _serial_item_error(item):
     if isinstance(item, bool):
         return "%r is a boolean" % (item,)
     if isinstance(item, int):
         return "" if item >= 1 else "%d is below 1" % item
     if isinstance(item, float):
+        if item != item or item in (float("inf"), float("-inf")):
+            return "%r is not a whole number" % (item,)
         return "%r is not a whole number (write %d or a percentage like \"25%%\")" % (item, int(item))
     if isinstance(item, str):
         if _INT.match(item):
-            return "" if int(item) >= 1 else "%r is below 1" % item
+            return "" if _count(item) >= 1 else "%r is below 1" % item
         match = _PCT.match(item)
         if match:
             pct = float(match.group(1))
@@ -107,13 +126,38 @@ def gpufleet_serial_error(value):
             "[1, \"50%%\"]}'); leave it empty for 1" % (_show(value), "; ".join(problems)))
 
 
-def gpufleet_serial_value(value):
-    """``serial:`` for the rolling play: ``value`` when valid, else 1 (unset, empty survey answer, or invalid)."""
+# What gpufleet_serial_value gives for a count when the play's host count is not known (no host list): no play
+# holds more hosts, and Ansible's batching loops once per unit of ``serial`` (range(serial)), so a 20-digit count
+# passed through would hang the run before its first host.
+_SERIAL_CAP = 100000
+
+
+def gpufleet_serial_value(value, n_hosts=None):
+    """``serial:`` for the rolling play: ``value`` when valid, else 1 (unset, empty survey answer, or invalid).
+
+    With ``n_hosts`` (the play's hosts, ``ansible_play_hosts_all | length``) every item becomes the count of hosts
+    Ansible's batching would take for it (a percentage of ``n_hosts`` rounded down, at least 1; a count above
+    ``n_hosts`` is ``n_hosts``: "all"). Without it a count is capped at ``_SERIAL_CAP`` and a percentage is
+    written whole (rounded down, at least 1 %). Either way ``serial:`` gets only what ansible-core's batching
+    takes: a bounded count (it loops once per unit) and whole percentages (``"0.5%"`` made it raise)."""
     if gpufleet_unset(value) or gpufleet_serial_error(value):
         return 1
-    if isinstance(value, (list, tuple)):
-        return [i.strip() if isinstance(i, str) else i for i in value]
-    return value.strip() if isinstance(value, str) else value
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    try:
+        n_hosts = int(n_hosts) if n_hosts is not None and not isinstance(n_hosts, bool) else 0
+    except (TypeError, ValueError):
+        n_hosts = 0
+    if n_hosts > 0:
+        out = [_hosts_of(i, n_hosts) for i in items]
+    else:
+        out = []
+        for item in items:
+            match = _PCT.match(item) if isinstance(item, str) else None
+            if match:
+                out.append("%d%%" % max(1, int(float(match.group(1)))))
+            else:
+                out.append(min(_count(item), _SERIAL_CAP))
+    return out if isinstance(value, (list, tuple)) else out[0]
 
 
 def _hosts_of(item, n_hosts):
@@ -122,16 +166,30 @@ def _hosts_of(item, n_hosts):
     match = _PCT.match(item) if isinstance(item, str) else None
     if match:
         return max(1, int(float(match.group(1)) * n_hosts / 100.0))
-    return min(int(str(item).strip()), n_hosts)
+    return min(_count(item), n_hosts)
 
 
 def gpufleet_batch_size(value, n_hosts):
     """The most hosts one batch of ``serial: value`` takes out of ``n_hosts`` (int ≥ 1; 1 when ``value`` is unset
     or invalid, as :func:`gpufleet_serial_value` makes the play run)."""
     n_hosts = max(1, int(n_hosts or 1))
-    value = gpufleet_serial_value(value)
+    value = gpufleet_serial_value(value, n_hosts)
     items = value if isinstance(value, list) else [value]
-    return max(_hosts_of(i, n_hosts) for i in items)
+    return max(items)
+
+
+def gpufleet_serial_notes(value, n_hosts):
+    """What the run makes of a valid ``gpufleet_serial`` that is not taken as written, one line each (``[]`` when
+    every item is taken as written): a count above the ``n_hosts`` targeted hosts means all of them."""
+    if gpufleet_unset(value) or gpufleet_serial_error(value):
+        return []
+    n_hosts = max(1, int(n_hosts or 1))
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    big = [i for i in items if not (isinstance(i, str) and _PCT.match(i)) and _count(i) > n_hosts]
+    if not big:
+        return []
+    return ["gpufleet_serial=%s: %s more than the %d targeted host(s), so a batch takes all %d of them"
+            % (_show(value, 40), "a count is" if len(big) == 1 else "counts are", n_hosts, n_hosts)]
 
 
 def gpufleet_max_unavailable_error(value):
@@ -163,8 +221,14 @@ def gpufleet_capacity_error(serial, max_unavailable, n_hosts):
                                           _show(max_unavailable), allowed, allowed))
 
 
-def _show(value):
-    return repr(value) if isinstance(value, str) else str(value)
+def _show(value, limit=60):
+    """``value`` as a message shows it: a string quoted, anything cut to ``limit`` characters (a 20-digit or a
+    thousand-digit number stays readable; one Python will not print in full is named by its size)."""
+    try:
+        text = repr(value) if isinstance(value, str) else str(value)
+    except ValueError:  # an int of more digits than sys.int_info.default_max_str_digits
+        return "a number of about %d digits" % int(value.bit_length() * 0.30103)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _int_error(name, value, low, high, hint, point_ok=False):
@@ -196,6 +260,8 @@ def _positive_error(name, value, whole, low, hint):
         return "%s=%s is not a number; %s" % (name, _show(value), hint)
     try:
         number = float(str(value).strip()) if not isinstance(value, (int, float)) else float(value)
+    except OverflowError:  # an int beyond a float (hundreds of digits): far above any bound
+        number = float("inf")
     except ValueError:
         return "%s=%s is not a number; %s" % (name, _show(value), hint)
     high = _HIGHEST.get(name)
@@ -257,10 +323,33 @@ _UNITS = {"sglang_launch_log_tail_lines": "log lines", "sglang_launch_systemd_re
 # startup watch; no tokens/s floor; no drop allowed).
 _MAY_BE_ZERO = ("sglang_stop_grace_s", "gpufleet_router_drain_timeout_s", "sglang_launch_startup_check_s",
                 "sglang_launch_start_wait_s", "sglang_verify_min_tokens_per_s", "sglang_verify_max_regression_fraction")
-# Upper bounds the roles' modules enforce (sglang_stop's poll_interval_ms: 1-100), and a fraction's 1 (30 written
-# for 30 % would switch the regression check off without a word).
-_HIGHEST = {"sglang_stop_poll_interval_ms": 100, "sglang_verify_max_regression_fraction": 1,
-            "sglang_verify_burst_requests": 1000, "sglang_verify_burst_concurrency": 64}
+# Upper bounds: the ones the roles' modules enforce (sglang_stop's poll_interval_ms: 1-100), a fraction's 1 (30
+# written for 30 % would switch the regression check off without a word), and for every other count a sane most,
+# so that a typo or a 20-digit number is refused before any host is touched instead of waiting for days, holding
+# the lock as long, or overflowing (a lease of 1e20 s has no date; int(1e400) raises): a day for a timeout, an hour
+# for a slice or a start-up watch, a minute for a poll interval, 1 TiB for GPU memory, and request and token counts
+# far beyond what a verification sends.
+_DAY_S = 86400
+_HOUR_S = 3600
+_MINUTE_MS = 60000
+_HIGHEST = {
+    "sglang_stop_poll_interval_ms": 100, "sglang_verify_max_regression_fraction": 1,
+    "sglang_launch_ready_timeout_s": _DAY_S, "sglang_launch_ready_slice_s": _HOUR_S,
+    "sglang_launch_ready_poll_interval_ms": _MINUTE_MS, "sglang_stop_grace_s": _DAY_S, "sglang_stop_slice_s": _HOUR_S,
+    "sglang_stop_kill_timeout_s": _DAY_S, "gpu_memory_wait_timeout_s": _DAY_S, "gpu_memory_wait_slice_s": _HOUR_S,
+    "gpu_memory_wait_poll_interval_ms": _MINUTE_MS, "gpu_memory_wait_max_used_mib": 1048576,
+    "sglang_verify_request_timeout_s": _DAY_S, "gpufleet_router_drain_timeout_s": _DAY_S,
+    "gpufleet_router_ready_timeout_s": _DAY_S, "sglang_launch_startup_check_s": _HOUR_S,
+    "sglang_launch_start_wait_s": _HOUR_S, "sglang_launch_log_tail_lines": 100000,
+    "sglang_launch_systemd_restart_sec": _HOUR_S, "sglang_verify_max_new_tokens": 65536,
+    "sglang_verify_min_workers": 65536, "sglang_verify_throughput_requests": 100000,
+    "sglang_verify_throughput_concurrency": 4096, "sglang_verify_throughput_max_new_tokens": 65536,
+    "sglang_verify_min_tokens_per_s": 10 ** 9,
+    "sglang_verify_burst_requests": 1000, "sglang_verify_burst_concurrency": 64,
+    "sglang_verify_burst_max_new_tokens": 65536, "sglang_verify_burst_timeout_s": _HOUR_S,
+    # the restart lock (checked with its own message below): a week of lease; an hour of margin
+    "gpufleet_lock_lease_s": 7 * _DAY_S, "gpufleet_lock_stale_s": 7 * _DAY_S, "gpufleet_lock_margin_s": _HOUR_S,
+}
 # Of those, the ones whose role maps an empty value to its default (an unanswered AWX survey question); for the
 # others an empty value reaches the role's argument spec, which refuses it after the stop.
 _EMPTY_IS_DEFAULT = ("gpufleet_router_drain_timeout_s", "gpufleet_router_ready_timeout_s")
@@ -364,10 +453,11 @@ def gpufleet_guard_errors(values, host=None):
                                                            "(host_vars, group_vars or -e), or leave it empty for 30000")
         if problem:
             errors.append(problem)
-    for name in ("gpufleet_lock_lease_s", "gpufleet_lock_stale_s"):
+    for name, low in (("gpufleet_lock_lease_s", 1), ("gpufleet_lock_stale_s", 1), ("gpufleet_lock_margin_s", 0)):
         lease = values.get(name)
         if not gpufleet_unset(lease):
-            problem = _int_error(name, lease, 1, None, "give seconds (e.g. 300), or leave it empty for the default")
+            problem = _int_error(name, lease, low, _HIGHEST[name], "give seconds (e.g. %d), or leave it empty for the "
+                                 "default" % (300 if low else 60))
             if problem:
                 errors.append(problem)
     for name, (whole, low) in _TUNABLES.items():
@@ -433,13 +523,22 @@ def gpufleet_guard_deprecations(hostvars, hosts):
     return []
 
 
+def gpufleet_guard_notes(hostvars, hosts):
+    """Notes on valid values the run does not take as written, over ``hosts`` (list of names) read from
+    ``hostvars``: a ``gpufleet_serial`` count above the targeted hosts (see :func:`gpufleet_serial_notes`)."""
+    hosts = list(hosts or [])
+    if not hosts:
+        return []
+    return gpufleet_serial_notes(hostvars[hosts[0]].get("gpufleet_serial"), len(hosts))
+
+
 # What a restart cut short in each phase leaves on the host, and what to do. A cancelled or interrupted run
 # (Ctrl-C, SIGTERM, an AWX cancel) runs no rescue, no rollback and no always: section. Used by the gpufleet CLI's
 # report and by the summary callback when ansible-playbook was interrupted.
-_RERUN_AFTER_CUT = ("rerun playbooks/restart.yml -e target={host} (it takes over this run's restart lock; "
-                    "playbooks/check.yml -e target={host} shows the host now)")
+_RERUN_AFTER_CUT = ("rerun playbooks/restart.yml -e target={host} (playbooks/check.yml -e target={host} shows the "
+                    "host now)")
 _CUT_IN = {
-    "preflight": "{word} in preflight: nothing was changed on this host",
+    "preflight": "{word} in preflight: nothing was changed on this host (untouched)",
     "lock": "{word} before the patch: nothing was stopped, the old server still serves; " + _RERUN_AFTER_CUT,
     "patch": ("{word} in the patch, before the stop: the old server still serves (engine.py may already carry "
               "the new NCCL block, used from the next start); " + _RERUN_AFTER_CUT),
@@ -454,12 +553,70 @@ _CUT_IN = {
 }
 
 
-def gpufleet_cut_short(phase, host, word="cancelled"):
+def gpufleet_cut_short(phase, host, word="cancelled", seen=None, lock=None):
     """What a restart of ``host`` cut short in ``phase`` (preflight|lock|patch|stop|wait|launch|verify|rollback)
-    leaves behind and what to do, one line starting with ``word`` (cancelled, interrupted); None for another
-    phase."""
-    text = _CUT_IN.get(phase)
-    return text.format(word=word, host=host) if text else None
+    really did and what to do, one line starting with ``word`` (cancelled, interrupted); None for another phase.
+
+    ``seen`` (:func:`gpufleet_server_seen`'s record of the results that came in) makes it exact: the old server's
+    stop was seen (its pid), the stop started the new server (process method: its pid), a new server was seen
+    ready. ``lock``: None when not known, False when the run held no restart lock on the host, else the lock
+    record it held (``run_id``, ``lease_s``): the line then says the lock is left and how it is cleared
+    (:func:`gpufleet_lock_left`)."""
+    seen = seen or {}
+    old, new, ready = seen.get("old_pid"), seen.get("new_pid"), seen.get("ready_at") is not None
+    stopped = seen.get("stopped_at") is not None or bool(seen.get("stop_done"))
+    what = " (old server pid %s)" % old if old and seen.get("stopped_at") is not None else \
+        " (no server was running)" if stopped else ""
+    rerun = _RERUN_AFTER_CUT.format(host=host)
+    if phase in ("stop", "wait", "launch", "verify") and ready and new:
+        text = ("%s after the new server (pid %s) answered, before verify ended: it serves but was not verified "
+                "(no NCCL values read, no generate checked) and not recorded as the launch to roll back to; %s"
+                % (word, new, rerun))
+    elif phase in ("stop", "wait", "launch", "verify") and stopped and new:
+        text = ("%s after the stop%s: the new server (pid %s) was started but not verified and not recorded "
+                "(it may still be loading, or have failed); %s" % (word, what, new, rerun))
+    elif phase in ("stop", "wait") and stopped:
+        text = ("%s after the stop%s, before a new server was started: this host serves nothing now; %s"
+                % (word, what, rerun))
+    elif phase == "launch" and stopped:
+        text = ("%s in the launch, after the stop%s: the new server may have been started and be loading, or not; "
+                "nothing was verified or recorded; %s" % (word, what, rerun))
+    else:
+        text = _CUT_IN.get(phase)
+        if not text:
+            return None
+        text = text.format(word=word, host=host)
+    left = gpufleet_lock_left(lock, host)
+    return text + ". " + left if left and phase != "preflight" else text
+
+
+def gpufleet_lock_seen(current, res):
+    """The restart lock a run holds on one host after one more task result ``res``: the owner record (dict) once
+    the gpufleet_lock module took or renewed it for this run, False once it released it (or the launch record's
+    call did: ``lock_release``), else ``current`` (None: not known yet)."""
+    if not isinstance(res, Mapping):
+        return current
+    if "acquired" in res and "lease_s" in res and isinstance(res.get("result"), str):
+        if res.get("acquired") and isinstance(res.get("lock"), Mapping):
+            return dict(res["lock"])
+        if res.get("result") in ("released", "removed", "absent", "not_owner"):
+            return False
+    release = res.get("lock_release")
+    if isinstance(release, Mapping) and release.get("result") in ("released", "absent", "not_owner"):
+        return False
+    return current
+
+
+def gpufleet_lock_left(lock, host):
+    """The sentence for a restart lock a cut-short run left on ``host`` ('' when ``lock`` is None, unknown, or
+    False: none held). ``lock``: the owner record the run held (``run_id``, ``lease_s``)."""
+    if not isinstance(lock, Mapping):
+        return "" if lock is None else "No restart lock was left"
+    lease = _num(lock.get("lease_s"))
+    return ("The restart lock (run %s) stays on the host: a rerun from this controller takes it over at once (its "
+            "pid is gone), one from elsewhere (a new AWX job) once its lease ends (%s after its last renewal), or at "
+            "once after playbooks/unlock.yml -e target=%s"
+            % (lock.get("run_id") or "?", "%d s" % lease if lease is not None else "gpufleet_lock_lease_s", host))
 
 
 def gpufleet_cut_phase(phase, seen):
@@ -487,6 +644,12 @@ def gpufleet_server_seen(seen, res, now):
         start = res.get("start") if isinstance(res.get("start"), Mapping) else {}
         if start.get("started") and _pid(start.get("pid")):
             seen["new_pid"] = _pid(start["pid"])
+    elif isinstance(signalled, list) and isinstance(res.get("start"), Mapping):
+        # restart.yml's own stop (only it passes start_after; preflight's check-mode preview returns no start)
+        # found no server to stop; it may have started the new one
+        seen["stop_done"] = True
+        if res["start"].get("started") and _pid(res["start"].get("pid")):
+            seen["new_pid"] = _pid(res["start"]["pid"])
     elif "ready" in res and _pid(res.get("pid")) and "signalled" not in res:
         seen["new_pid"] = _pid(res["pid"])
         if res.get("ready") is True and seen.get("ready_at") is None:
@@ -800,4 +963,5 @@ class FilterModule(object):
             "gpufleet_preflight_rows": gpufleet_preflight_rows,
             "gpufleet_not_started_rows": gpufleet_not_started_rows,
             "gpufleet_guard_deprecations": gpufleet_guard_deprecations,
+            "gpufleet_guard_notes": gpufleet_guard_notes,
         }

@@ -256,14 +256,62 @@ def _progress_table(progress, verbose):
     return table
 
 
-def _say_cancelling(err):
-    err.print("gpufleet: cancelling: ansible-runner stops the playbook now (no rescue or rollback runs); the "
-              "report follows", highlight=False, soft_wrap=True)
+# After SIGTERM reached ansible-playbook, how long it gets to stop its tasks and print its summary before
+# ansible-runner kills its process group (its own bound on a blocked cleanup is 30 s: gpufleet_summary).
+PLAYBOOK_CANCEL_GRACE_S = 45.0
+
+
+class CancelRequest(threading.Event):
+    """Set by the first Ctrl-C or SIGTERM; ``count`` counts them (a second one kills the playbook at once)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def request(self):
+        self.count += 1
+        self.set()
+
+
+def _say_cancelling(err, playbook_pid):
+    """The first line after Ctrl-C or SIGTERM: what happens to the playbook now."""
+    if playbook_pid:
+        text = ("gpufleet: cancelling: ansible-playbook (pid %d) got SIGTERM, as from an AWX cancel: it stops its "
+                "running tasks now (no rescue, rollback or always: section runs), prints its summary with what each "
+                "host was left in, and the report follows; it is killed if it has not ended within %.0f s. Ctrl-C "
+                "or SIGTERM again kills it at once" % (playbook_pid, PLAYBOOK_CANCEL_GRACE_S))
+    else:
+        text = ("gpufleet: cancelling: ansible-playbook has not started a task yet; ansible-runner kills it now "
+                "(nothing was changed on any host); the report follows")
+    err.print(text, highlight=False, soft_wrap=True)
+
+
+def _send_sigterm(pid):
+    """SIGTERM to ``pid`` (ansible-playbook's main process; its workers are told by it). False when it is gone."""
+    import signal
+    try:
+        os.kill(pid, signal.SIGTERM)
+        return True
+    except OSError:
+        return False
+
+
+def cancel_step(cancel, cancelled_at, now, playbook_pid, grace_s=PLAYBOOK_CANCEL_GRACE_S):
+    """What the run loop does about a cancel at ``now`` (monotonic s): ``(action, cancelled_at)`` with action
+    ``None`` (nothing to do), ``"term"`` (say so and send SIGTERM to ``playbook_pid``), ``"kill"`` (ansible-runner
+    kills the playbook: no pid known yet, a second Ctrl-C/SIGTERM, or ``grace_s`` passed since the SIGTERM)."""
+    if not cancel.is_set():
+        return None, cancelled_at
+    if cancelled_at is None:
+        return ("term" if playbook_pid else "kill"), now
+    if getattr(cancel, "count", 1) > 1 or now - cancelled_at > grace_s:
+        return "kill", cancelled_at
+    return None, cancelled_at
 
 
 def _cancel_on_signals(cancel):
-    """Make SIGTERM (kill, systemd, a CI job's timeout) cancel the run as Ctrl-C does: ``cancel`` is set,
-    ansible-runner stops the playbook and the report is still written. Before, SIGTERM ended this process at
+    """Make SIGTERM (kill, systemd, a CI job's timeout) cancel the run as Ctrl-C does: ``cancel`` is set (a
+    :class:`CancelRequest` counts the signals), the playbook gets SIGTERM and the report is still written. Before, SIGTERM ended this process at
     once, leaving ansible-playbook without its reader and no report. SIGINT keeps Python's handler (Ctrl-C raises
     KeyboardInterrupt, handled in :func:`run`); where SIGINT is ignored (a background job of a shell script),
     it stays ignored, as a background job's should: send SIGTERM. Only in the main thread (signal handlers
@@ -274,7 +322,7 @@ def _cancel_on_signals(cancel):
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_term(signum, frame):
-        cancel.set()
+        getattr(cancel, "request", cancel.set)()
 
     signal.signal(signal.SIGTERM, on_term)
     return lambda: signal.signal(signal.SIGTERM, previous)
@@ -305,41 +353,49 @@ def run(args, out=None, err=None):
     if not args.json:
         err.print("gpufleet %s: %s%s" % (args.command, spec["playbook"],
                                          " (check mode)" if args.check else ""), highlight=False)
-    cancel = threading.Event()  # Ctrl-C: ansible-runner stops the playbook (AWX's cancel), the report still comes
+    # Ctrl-C or SIGTERM: ansible-playbook gets SIGTERM (as from an AWX cancel: it stops its tasks and prints its
+    # summary); ``kill`` makes ansible-runner kill its process group (SIGKILL): at once when no task started yet,
+    # on a second Ctrl-C/SIGTERM, or PLAYBOOK_CANCEL_GRACE_S after the SIGTERM.
+    cancel = CancelRequest()
+    kill = threading.Event()
     restore = _cancel_on_signals(cancel)
-    thread, runner = ansible_runner.run_async(event_handler=on_event, cancel_callback=cancel.is_set, **spec)
+    thread, runner = ansible_runner.run_async(event_handler=on_event, cancel_callback=kill.is_set, **spec)
     live = None
     if not args.json and err.is_terminal:
         from rich.live import Live
         live = Live(_progress_table(progress, args.verbose), console=err, refresh_per_second=4, transient=False)
         live.start()
-    said = False  # "cancelling" printed
+    cancelled_at = None
     try:
         while thread.is_alive():
-            thread.join(0.25)
-            if cancel.is_set() and not said:  # SIGTERM
-                _say_cancelling(err)
-                said = True
-            with lock:
-                if live is not None:
-                    live.update(_progress_table(progress, args.verbose))
-                elif not args.json:
-                    for host, phase in progress.changes[shown["n"]:]:
-                        row = next(r for r in progress.hosts() if r["host"] == host)
-                        err.print("  %-20s %-10s %6.1f s" % (host, phase, row["elapsed_s"]), highlight=False,
-                                  soft_wrap=True)
-                    shown["n"] = len(progress.changes)
-    except KeyboardInterrupt:
-        cancel.set()
+            try:
+                thread.join(0.25)
+                with lock:
+                    pid = progress.playbook_pid
+                action, cancelled_at = cancel_step(cancel, cancelled_at, time.monotonic(), pid)
+                if action == "term":
+                    _say_cancelling(err, pid)
+                    if not _send_sigterm(pid):
+                        kill.set()
+                elif action == "kill":
+                    if not kill.is_set() and not pid:
+                        _say_cancelling(err, None)
+                    kill.set()
+                with lock:
+                    if live is not None:
+                        live.update(_progress_table(progress, args.verbose))
+                    elif not args.json:
+                        for host, phase in progress.changes[shown["n"]:]:
+                            row = next(r for r in progress.hosts() if r["host"] == host)
+                            err.print("  %-20s %-10s %6.1f s" % (host, phase, row["elapsed_s"]), highlight=False,
+                                      soft_wrap=True)
+                        shown["n"] = len(progress.changes)
+            except KeyboardInterrupt:  # Ctrl-C: the first cancels, a second kills
+                cancel.request()
     finally:
-        if cancel.is_set():
-            if not said:
-                _say_cancelling(err)
-            while thread.is_alive():  # a second Ctrl-C (or SIGTERM) while ansible-runner stops the playbook: wait on
-                try:
-                    thread.join(0.25)
-                except KeyboardInterrupt:
-                    pass
+        if thread.is_alive():  # an error of our own: do not leave the playbook running unread
+            kill.set()
+            thread.join(30)
         restore()
         if live is not None:
             with lock:
@@ -347,7 +403,9 @@ def run(args, out=None, err=None):
             live.stop()
     artifacts = runner.config.artifact_dir if getattr(runner, "config", None) else run_dir
     status = runner.status
-    if cancel.is_set() and status not in ("successful", "failed"):
+    # A playbook ended by the cancel (rc 99 after its SIGTERM, or killed) is cancelled; one that finished anyway
+    # (the cancel came as it ended) is not.
+    if cancel.is_set() and not (status == "successful" and runner.rc == 0 and progress.stats is not None):
         status = "canceled"
     report = build_report(args.command, progress, status, runner.rc, artifacts, report_dir,
                           check_mode=args.check)
@@ -380,9 +438,18 @@ def main(argv=None):
         return 2
     if not args.json:
         from rich.console import Console
-        Console(stderr=True).print("%s: %s, %.0f s" % ("FAILED" if report["exit_code"] else "ok", count_line(report),
-                                                       time.monotonic() - start), highlight=False)
+        Console(stderr=True).print("%s: %s, %.0f s" % (verdict(report), count_line(report), time.monotonic() - start),
+                                   highlight=False)
     return report["exit_code"]
+
+
+def verdict(report):
+    """The last line's first word: ``CANCELLED`` for a run cancelled before it finished (Ctrl-C, SIGTERM), else
+    ``FAILED`` when the exit code is not 0, else ``ok``: a cancel that came as the playbook finished is no
+    failure, and a cancelled run is not called FAILED beside hosts that are ok."""
+    if report.get("status") == "canceled":
+        return "CANCELLED"
+    return "FAILED" if report["exit_code"] else "ok"
 
 
 # Restart results after which the host is as it was before the run.

@@ -26,7 +26,8 @@ GUARD_PLAY_PREFIX = "Check the command line"
 # set_stats keys the playbooks publish: command → key.
 STATS_KEY = {"restart": "gpufleet_restart", "check": "gpufleet_check"}
 # Row results that count as a failed host.
-BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not_reached", "canceled"))
+BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not_reached", "canceled", "cancelled",
+                         "interrupted"))
 CHECK_VERDICTS = ("OK", "WARN", "CRIT")
 
 
@@ -47,11 +48,12 @@ def _load_run_filter():
 _RUN = _load_run_filter()
 
 
-def cut_short(phase, host, word="cancelled", seen=None):
-    """What a restart of ``host`` cut short in ``phase`` leaves behind (``gpufleet_cut_short``; a new server seen
-    ready in ``seen`` makes it the verify phase's text: ``gpufleet_cut_phase``)."""
+def cut_short(phase, host, word="cancelled", seen=None, lock=None):
+    """What a restart of ``host`` cut short in ``phase`` really did and what to do (``gpufleet_cut_short`` with
+    the results ``seen`` and the restart ``lock`` left; a new server seen ready makes it the verify phase:
+    ``gpufleet_cut_phase``)."""
     if _RUN is not None:
-        return _RUN.gpufleet_cut_short(_RUN.gpufleet_cut_phase(phase, seen), host, word)
+        return _RUN.gpufleet_cut_short(_RUN.gpufleet_cut_phase(phase, seen), host, word, seen, lock)
     return "%s in %s: playbooks/check.yml -e target=%s shows the host now" % (word, phase, host)
 
 
@@ -116,12 +118,13 @@ class FleetProgress:
         self.artifact_data = {}
         self.check_reports = {}
         self.changes = []  # (host, phase) in the order phases began: what a non-terminal display prints
+        self.playbook_pid = None  # ansible-playbook's main process (every event names it): the one a cancel signals
 
     def _host(self, name):
         if name not in self._hosts:
             self._hosts[name] = {"host": name, "phase": None, "task": "", "state": "running", "cause": None,
                                  "started": self._clock(), "ended": None, "changed": 0,
-                                 "seen": {}}
+                                 "seen": {}, "lock": None}
             self._order.append(name)
         return self._hosts[name]
 
@@ -129,6 +132,8 @@ class FleetProgress:
         """Update from one ansible-runner event dict; returns True when something shown may have changed."""
         kind = event.get("event", "")
         data = event.get("event_data") or {}
+        if self.playbook_pid is None and isinstance(event.get("pid"), int) and event["pid"] > 0:
+            self.playbook_pid = event["pid"]
         if kind == "playbook_on_stats":
             self.stats = {key: data.get(key) or {} for key in ("ok", "failures", "dark", "changed", "skipped",
                                                                   "rescued", "ignored", "processed")}
@@ -170,19 +175,20 @@ class FleetProgress:
         """The old and new server's pids and when the stop and readiness happened (``gpufleet_server_seen``)."""
         if _RUN is not None:
             _RUN.gpufleet_server_seen(row["seen"], res, self._wall())
+            row["lock"] = _RUN.gpufleet_lock_seen(row["lock"], res)
 
     def finish(self, status="successful"):
         """End the run: hosts still running are ``ok`` after a run that ended (ansible-runner status
-        successful/failed), ``canceled`` after one that was cancelled, timed out or did not finish; a cancelled
+        successful/failed), ``cancelled`` (the summary callback's word) after one that was cancelled, timed out or did not finish; a cancelled
         restart host gets a cause saying what its phase leaves behind (``gpufleet_cut_short``)."""
         now = self._clock()
         for row in self._hosts.values():
             if row["ended"] is None:
                 row["ended"] = now
             if row["state"] == "running":
-                row["state"] = "ok" if status in ("successful", "failed") else "canceled"
-                if row["state"] == "canceled" and row["phase"] and not row["cause"]:
-                    row["cause"] = cut_short(row["phase"], row["host"], seen=row["seen"])
+                row["state"] = "ok" if status in ("successful", "failed") else "cancelled"
+                if row["state"] == "cancelled" and row["phase"] and not row["cause"]:
+                    row["cause"] = cut_short(row["phase"], row["host"], seen=row["seen"], lock=row["lock"])
 
     def wall(self):
         """The wall clock (epoch s) this progress reads."""

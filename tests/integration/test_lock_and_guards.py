@@ -110,6 +110,32 @@ def test_bad_serial_is_a_clear_error_and_touches_nothing(lab):
     assert all(r["result"] == "not_reached" and "gpufleet_serial" in r["cause"] for r in published.values())
 
 
+def test_a_twenty_digit_serial_is_all_targeted_hosts_in_one_batch_said_so_and_fast(lab):
+    # -e gpufleet_serial=99999999999999999999 passed the guard and ansible-core's batching looped over range(serial)
+    # for ever before touching a host. Now a count above the targeted hosts is all of them, and the guard says so.
+    # A tag no task has: the guard play (always) and the rolling play's batching run, no host task does.
+    hosts = lab.hosts[:2]
+    before = {h: server_pid(lab, h) for h in hosts}
+    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", lab.inventory,
+            os.path.join(ROOT, RESTART), "--limit", ",".join(hosts), "--check", "--tags", "gpufleet_no_such_tag",
+            "-e", "gpufleet_serial=99999999999999999999", "-v"]
+    started = time.monotonic()
+    try:  # a subprocess with a timeout: the old behaviour hung for ever, a test must not
+        proc = subprocess.run(argv, cwd=ROOT, env=dict(os.environ, **lab._envvars()), capture_output=True, text=True,
+                              timeout=120)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError("ansible-playbook still ran after 120 s: %s" % (exc.stdout or "")[-2000:])
+    took = time.monotonic() - started
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:]
+    assert took < 60, took
+    assert ("NOTE: gpufleet_serial='99999999999999999999': a count is more than the 2 targeted host(s), so a batch "
+            "takes all 2 of them") in out, out[:3000]
+    # ansible-core starts the rolling play once per batch (-v prints each start): one batch of both hosts
+    assert out.count("PLAY [Restart SGLang host by host") == 1, out[-3000:]
+    assert {h: server_pid(lab, h) for h in hosts} == before  # nothing changed
+
+
 def test_type_error_names_the_variable_the_user_set(lab):
     runner = lab.run_playbook("playbooks/check.yml", extravars={"sglang_port": "http", "gpufleet_lock_lease_s": "-1"})
     assert runner.status == "failed"

@@ -3,6 +3,8 @@ import importlib.util
 import pathlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gpufleet_run_filters", ROOT / "plugins" / "filter" / "gpufleet_run.py")
@@ -45,7 +47,7 @@ def test_empty_survey_answers_are_unset_and_pass():
     ("sglang_port", "abc", "sglang_port='abc' is not a whole number"),
     ("sglang_port", 70000, "sglang_port=70000 is out of range (1-65535)"),
     ("sglang_port", True, "sglang_port=True is not a whole number"),
-    ("gpufleet_lock_lease_s", "0", "gpufleet_lock_lease_s='0' is out of range (1 or more)"),
+    ("gpufleet_lock_lease_s", "0", "gpufleet_lock_lease_s='0' is out of range (1-604800)"),
     ("gpufleet_lock_stale_s", "soon", "gpufleet_lock_stale_s='soon' is not a whole number"),
     ("sglang_verify_throughput", "maybe", "sglang_verify_throughput='maybe' is not a boolean"),
     ("target", ["a", "b"], "target=['a', 'b'] is a list"),
@@ -75,16 +77,16 @@ def test_good_values_pass():
 @pytest.mark.parametrize("name,value,word", [
     # -e sglang_launch_ready_timeout_s=-1 passed every check, the launch gave up after its first probe (the
     # server was still loading), and the rollback's relaunch did the same: a serving host down from a typo.
-    ("sglang_launch_ready_timeout_s", "-1", "sglang_launch_ready_timeout_s='-1' is out of range (1 or more)"),
-    ("sglang_launch_ready_timeout_s", "0", "sglang_launch_ready_timeout_s='0' is out of range (1 or more)"),
+    ("sglang_launch_ready_timeout_s", "-1", "sglang_launch_ready_timeout_s='-1' is out of range (1-86400)"),
+    ("sglang_launch_ready_timeout_s", "0", "sglang_launch_ready_timeout_s='0' is out of range (1-86400)"),
     # 'abc' was found only by the launch role's argument spec, after the stop; the rollback's wait failed on it
     # too and the summary said "serves nothing" while the relaunched server served.
     ("sglang_launch_ready_timeout_s", "abc", "sglang_launch_ready_timeout_s='abc' is not a whole number"),
     ("sglang_launch_ready_timeout_s", "1.5", "sglang_launch_ready_timeout_s='1.5' is not a whole number"),
-    ("gpu_memory_wait_timeout_s", "0", "gpu_memory_wait_timeout_s='0' is out of range (more than 0)"),
+    ("gpu_memory_wait_timeout_s", "0", "gpu_memory_wait_timeout_s='0' is out of range (more than 0 to 86400)"),
     ("gpu_memory_wait_timeout_s", "soon", "gpu_memory_wait_timeout_s='soon' is not a number"),
-    ("sglang_stop_grace_s", "-2", "sglang_stop_grace_s='-2' is out of range (0 or more)"),
-    ("sglang_launch_ready_slice_s", "nan", "sglang_launch_ready_slice_s='nan' is out of range (more than 0)"),
+    ("sglang_stop_grace_s", "-2", "sglang_stop_grace_s='-2' is out of range (0 to 86400)"),
+    ("sglang_launch_ready_slice_s", "nan", "sglang_launch_ready_slice_s='nan' is out of range (more than 0 to 3600)"),
     ("gpufleet_router_ready_timeout_s", True, "gpufleet_router_ready_timeout_s=True is not a number"),
 ])
 def test_restart_timeouts_are_checked_before_any_host_is_touched(name, value, word):
@@ -115,7 +117,7 @@ def test_a_zero_drain_timeout_means_do_not_wait_and_passes():
     assert run.gpufleet_guard_errors({"gpufleet_router_drain_timeout_s": 0}) == []
     assert run.gpufleet_guard_errors({"gpufleet_router_drain_timeout_s": "0"}) == []
     [message] = run.gpufleet_guard_errors({"gpufleet_router_drain_timeout_s": -1})
-    assert "out of range (0 or more)" in message
+    assert "out of range (0 to 86400)" in message
 
 
 def test_good_restart_timeouts_pass():
@@ -144,8 +146,8 @@ def test_launch_and_verify_numbers_are_checked_before_the_stop_too():
     # Trial: -e sglang_verify_max_new_tokens=-5 passed preflight, stopped a serving host, and verify failed on the
     # new server ("answered -1 without generated text") without naming the variable.
     [message] = run.gpufleet_guard_errors({"sglang_verify_max_new_tokens": -5})
-    assert message.startswith("sglang_verify_max_new_tokens=-5 is out of range (1 or more)"), message
-    assert "a whole number of tokens (1 or more)" in message
+    assert message.startswith("sglang_verify_max_new_tokens=-5 is out of range (1-65536)"), message
+    assert "a whole number of tokens (1-65536)" in message
     [message] = run.gpufleet_guard_errors({"sglang_verify_max_regression_fraction": "lots"})
     assert "not a number" in message and "a fraction of the last good figure" in message
     for name in ("sglang_verify_throughput_requests", "sglang_verify_throughput_concurrency",
@@ -458,7 +460,7 @@ def test_the_verify_burst_settings_are_checked_before_the_stop_and_0_requests_tu
     [message] = run.gpufleet_guard_errors({"sglang_verify_burst_concurrency": 65})
     assert "(1-64)" in message, message
     [message] = run.gpufleet_guard_errors({"sglang_verify_burst_timeout_s": 0})
-    assert message.startswith("sglang_verify_burst_timeout_s=0 is out of range (more than 0)"), message
+    assert message.startswith("sglang_verify_burst_timeout_s=0 is out of range (more than 0 to 3600)"), message
     assert run.gpufleet_guard_errors({"sglang_verify_burst_max_new_tokens": 0})
 
 
@@ -474,3 +476,166 @@ def test_ok_row_names_memory_left_to_holders_no_gpu_list_names():
         dict(BASE, stop_started_epoch=None, new_pid=None, foreign_gpu_mib={"3": 20018}))["advice"])
     assert run.gpufleet_restart_row(dict(BASE, ready_epoch=1012.34, nccl_ok=True, foreign_gpu_mib={}))["advice"] \
         is None
+
+
+# -- bounds: every count the run reads, capped or refused by what it can mean (issue 30, item 7) ---------------
+
+def test_a_twenty_digit_serial_is_all_the_targeted_hosts_in_one_batch_and_said_so():
+    # -e gpufleet_serial=99999999999999999999 passed the guard and ansible-core's batching looped over
+    # range(serial) for ever before touching a host.
+    huge = "99999999999999999999"
+    assert run.gpufleet_serial_error(huge) == ""
+    assert run.gpufleet_serial_value(huge, 4) == 4
+    assert run.gpufleet_serial_value(int(huge), 4) == 4
+    assert run.gpufleet_serial_value([1, huge], 4) == [1, 4]
+    assert run.gpufleet_batch_size(huge, 4) == 4
+    [note] = run.gpufleet_serial_notes(huge, 4)
+    assert note == ("gpufleet_serial='99999999999999999999': a count is more than the 4 targeted host(s), so a batch "
+                    "takes all 4 of them"), note
+    assert run.gpufleet_serial_notes(4, 4) == [] and run.gpufleet_serial_notes("100%", 4) == []
+    assert run.gpufleet_serial_notes("abc", 4) == []  # the guard's error says it
+    # the guard play reads it from the first targeted host
+    hostvars = {"a": {"gpufleet_serial": huge}, "b": {"gpufleet_serial": huge}}
+    assert run.gpufleet_guard_notes(hostvars, ["a", "b"]) == run.gpufleet_serial_notes(huge, 2)
+    assert run.gpufleet_guard_report(hostvars, ["a", "b"]) == []
+
+
+def test_a_serial_of_more_digits_than_python_reads_is_capped_not_a_crash():
+    thousands = "9" * 5000  # int() refuses more than 4300 digits (sys.int_info.default_max_str_digits)
+    assert run.gpufleet_serial_error(thousands) == ""
+    assert run.gpufleet_serial_value(thousands, 3) == 3
+    assert run.gpufleet_serial_value(thousands) == run._SERIAL_CAP
+    [note] = run.gpufleet_serial_notes(thousands, 3)
+    assert len(note) < 200 and "all 3" in note
+    # a float the YAML reader turns into infinity: an error, not an OverflowError from the message's %d
+    assert "is not a whole number" in run.gpufleet_serial_error(float("inf"))
+    assert "is not a whole number" in run.gpufleet_serial_error(float("nan"))
+
+
+def test_serial_percentages_reach_ansible_whole_or_as_counts():
+    # ansible-core's pct_to_int does int("0.5") for "0.5%" and raised "Unexpected Exception" after preflight.
+    from ansible.utils.helpers import pct_to_int
+    assert run.gpufleet_serial_value("0.5%") == "1%" and run.gpufleet_serial_value("12.5%") == "12%"
+    assert run.gpufleet_serial_value("12.5%", 16) == 2 and run.gpufleet_serial_value("0.5%", 16) == 1
+    assert run.gpufleet_serial_value(" 25% ", 8) == 2
+    for value in ("0.5%", "12.5%", "100%", "3"):
+        pct_to_int(run.gpufleet_serial_value(value), 16)  # raises no more
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(min_value=-10, max_value=10 ** 30),
+                 st.integers(min_value=1, max_value=10 ** 30).map(str),
+                 st.floats(min_value=0.001, max_value=100.0).map(lambda p: "%s%%" % p),
+                 st.floats(allow_nan=True, allow_infinity=True),
+                 st.text(max_size=30)),
+       st.integers(min_value=1, max_value=500))
+def test_property_serial_never_gives_ansible_a_batch_above_the_hosts_nor_a_value_it_cannot_read(value, n_hosts):
+    from ansible.utils.helpers import pct_to_int
+    error = run.gpufleet_serial_error(value)
+    assert isinstance(error, str)
+    given_value = run.gpufleet_serial_value(value, n_hosts)
+    items = given_value if isinstance(given_value, list) else [given_value]
+    for item in items:
+        assert 1 <= pct_to_int(item, n_hosts) <= n_hosts
+    if error:
+        assert given_value == 1
+    unknown = run.gpufleet_serial_value(value)  # the play's hosts not known: bounded all the same
+    for item in unknown if isinstance(unknown, list) else [unknown]:
+        assert 1 <= pct_to_int(item, n_hosts) <= run._SERIAL_CAP
+    assert 1 <= run.gpufleet_batch_size(value, n_hosts) <= n_hosts
+
+
+@pytest.mark.parametrize("name", sorted(run._TUNABLES) + ["gpufleet_lock_lease_s", "gpufleet_lock_stale_s",
+                                                          "gpufleet_lock_margin_s"])
+def test_every_count_of_the_guard_has_a_most_and_a_twenty_digit_value_is_refused(name):
+    for huge in ("99999999999999999999", 99999999999999999999, 10 ** 400, "9" * 5000, "1e400", 1e300):
+        [message] = run.gpufleet_guard_errors({name: huge})
+        assert message.startswith(name + "=") and ("out of range" in message or "not a whole number" in message
+                                                   or "not a number" in message), message
+        assert len(message) < 400, message
+    high = run._HIGHEST[name]
+    assert run.gpufleet_guard_errors({name: high}) == [], name
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(run._TUNABLES) + ["gpufleet_lock_lease_s", "sglang_port"]),
+       st.one_of(st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=25),
+                 st.integers().map(str), st.booleans(), st.none()))
+def test_property_the_guard_never_raises_and_passes_only_values_within_the_bounds(name, value):
+    errors = run.gpufleet_guard_errors({name: value})
+    assert all(isinstance(e, str) for e in errors)
+    if not errors and not run.gpufleet_unset(value) and not isinstance(value, bool):
+        number = float(str(value).strip())
+        assert number <= run._HIGHEST.get(name, 65535), (name, value)
+
+
+# -- what a cancel really did (issue 30, item 6) ----------------------------------------------------------------
+
+def _seen(*results, now=1000.0):
+    seen = {}
+    for res in results:
+        run.gpufleet_server_seen(seen, res, now)
+    return seen
+
+
+STOPPED = {"signalled": [{"pid": 20, "signals": ["SIGTERM"]}], "main_pid": 20, "stop_ms": 500}
+STOPPED_AND_STARTED = dict(STOPPED, start={"started": True, "pid": 31})
+NOTHING_TO_STOP_BUT_STARTED = {"signalled": [], "main_pid": None, "stop_ms": 3, "start": {"started": True, "pid": 31}}
+PREVIEW = {"signalled": [{"pid": 20, "signals": []}], "main_pid": 20, "stop_ms": 0}  # preflight's check-mode stop
+
+
+@pytest.mark.parametrize("phase,results,words", [
+    ("preflight", [PREVIEW], "cancelled in preflight: nothing was changed on this host (untouched)"),
+    ("patch", [PREVIEW], "cancelled in the patch, before the stop: the old server still serves"),
+    ("stop", [PREVIEW], "cancelled after the stop began, before a new server was seen serving"),
+    ("wait", [STOPPED], "cancelled after the stop (old server pid 20), before a new server was started: this host "
+                        "serves nothing now"),
+    ("wait", [STOPPED_AND_STARTED], "cancelled after the stop (old server pid 20): the new server (pid 31) was "
+                                    "started but not verified and not recorded"),
+    ("launch", [NOTHING_TO_STOP_BUT_STARTED], "cancelled after the stop (no server was running): the new server "
+                                              "(pid 31) was started but not verified and not recorded"),
+    ("launch", [STOPPED], "cancelled in the launch, after the stop (old server pid 20): the new server may have "
+                          "been started"),
+    ("launch", [STOPPED_AND_STARTED, {"pid": 31, "ready": True}],
+     "cancelled after the new server (pid 31) answered, before verify ended: it serves but was not verified"),
+    ("rollback", [STOPPED], "cancelled during the rollback: this host may serve nothing now"),
+])
+def test_a_cancel_note_says_what_the_results_seen_show(phase, results, words):
+    note = run.gpufleet_cut_short(phase, "gpu-07", "cancelled", _seen(*results))
+    assert note.startswith(words), note
+    if phase != "preflight":
+        assert "rerun playbooks/restart.yml -e target=gpu-07" in note
+
+
+def test_a_cancel_note_names_the_lock_left_and_how_it_is_cleared():
+    lock = {"run_id": "awx-4711", "lease_s": 300}
+    note = run.gpufleet_cut_short("wait", "gpu-07", "cancelled", _seen(STOPPED_AND_STARTED), lock)
+    assert note.endswith("The restart lock (run awx-4711) stays on the host: a rerun from this controller takes it "
+                         "over at once (its pid is gone), one from elsewhere (a new AWX job) once its lease ends (300 s "
+                         "after its last renewal), or at once after playbooks/unlock.yml -e target=gpu-07"), note
+    assert run.gpufleet_cut_short("wait", "h", "cancelled", {}, False).endswith(". No restart lock was left")
+    assert "restart lock" not in run.gpufleet_cut_short("wait", "h", "cancelled", {}, None)  # not known: no word
+    assert "restart lock" not in run.gpufleet_cut_short("preflight", "h", "cancelled", {}, lock)
+    assert run.gpufleet_cut_short("nonsense", "h") is None
+
+
+def test_the_lock_a_run_holds_follows_the_lock_modules_results():
+    lock = {"run_id": "r1", "lease_s": 300}
+    held = run.gpufleet_lock_seen(None, {"result": "taken", "acquired": True, "lock": lock, "lease_s": 300})
+    assert held == lock
+    assert run.gpufleet_lock_seen(held, {"result": "renewed", "acquired": True, "lock": dict(lock, renewed_at=5),
+                                         "lease_s": 300})["renewed_at"] == 5
+    assert run.gpufleet_lock_seen(held, {"result": "released", "acquired": False, "lock": lock, "lease_s": 300}) \
+        is False
+    assert run.gpufleet_lock_seen(held, {"lock_release": {"result": "released"}}) is False
+    # another run's lock refused us: we hold none (and nothing else changes what we know)
+    assert run.gpufleet_lock_seen(None, {"result": "refused", "acquired": False, "lock": {"run_id": "other"},
+                                         "lease_s": 300}) is None
+    assert run.gpufleet_lock_seen(held, {"msg": "an unrelated result"}) == held
+    assert run.gpufleet_lock_seen(held, "not a mapping") == held
+
+
+def test_a_stop_that_found_nothing_but_started_the_new_server_is_seen_and_a_preview_is_not():
+    seen = _seen(NOTHING_TO_STOP_BUT_STARTED)
+    assert seen["stop_done"] and seen["new_pid"] == 31 and "stopped_at" not in seen
+    assert _seen(PREVIEW) == {}

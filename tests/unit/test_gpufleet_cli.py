@@ -204,7 +204,7 @@ def test_a_cancelled_run_marks_hosts_still_running_canceled_and_fails():
     p = events.FleetProgress()
     p.handle(ev("runner_on_start", "gpu-01", task="x", role="sglang_preflight"))
     report = events.build_report("restart", p, "canceled", None, "/a")
-    assert report["hosts"]["gpu-01"]["result"] == "canceled" and report["failed_hosts"] == ["gpu-01"]
+    assert report["hosts"]["gpu-01"]["result"] == "cancelled" and report["failed_hosts"] == ["gpu-01"]
     assert report["exit_code"] == 1
 
 
@@ -214,7 +214,7 @@ def test_a_cancelled_restart_says_what_the_hosts_phase_left_behind():
     p.handle(ev("runner_on_start", "gpu-02", task="Patch", role="sglang_nccl_patch"))
     report = events.build_report("restart", p, "canceled", None, "/a")
     wait, patch = report["hosts"]["gpu-01"], report["hosts"]["gpu-02"]
-    assert wait["result"] == "canceled" and wait["phase"] == "wait"
+    assert wait["result"] == "cancelled" and wait["phase"] == "wait"
     assert "most likely serves nothing now" in wait["cause"] and "-e target=gpu-01" in wait["cause"]
     assert "the old server still serves" in patch["cause"] and "-e target=gpu-02" in patch["cause"]
 
@@ -237,7 +237,9 @@ def test_a_restart_cancelled_after_the_stop_reports_the_old_pid_and_the_outage_s
     row = report["hosts"]["gpu-01"]
     assert row["old_pid"] == 4242 and row["new_pid"] == 5151
     assert row["downtime_s"] == 31.5 and row["still_down"] is True
-    assert "most likely serves nothing now" in row["cause"]
+    # the stop (process method) started the new server: the cancel left it running, unverified and unrecorded
+    assert row["cause"].startswith("cancelled after the stop (old server pid 4242): the new server (pid 5151) was "
+                                   "started but not verified and not recorded"), row["cause"]
     assert report["hosts"]["gpu-02"]["old_pid"] is None and report["hosts"]["gpu-02"]["downtime_s"] is None
     table = cli.fleet_table(report)
     downtime = [c for c in table.columns if c.header == "downtime_s"][0]
@@ -256,7 +258,8 @@ def test_a_restart_cancelled_after_the_new_server_was_ready_says_it_runs_unverif
     wall.t = 5020.0
     row = events.build_report("restart", p, "canceled", None, "/a")["hosts"]["gpu-01"]
     assert row["downtime_s"] == 12.0 and row["still_down"] is False and row["new_pid"] == 5151
-    assert row["cause"].startswith("cancelled in verify: the new server runs but was not verified")
+    assert row["cause"].startswith("cancelled after the new server (pid 5151) answered, before verify ended: it "
+                                   "serves but was not verified"), row["cause"]
 
 
 def test_sigterm_cancels_the_run_as_ctrl_c_does_and_the_handler_is_put_back():
@@ -369,3 +372,50 @@ def test_the_count_line_says_a_refused_run_changed_nothing():
     check = {"command": "check", "hosts": {"a": {"verdict": "OK"}, "b": {"verdict": "CRIT"}}, "failed_hosts": ["b"]}
     assert cli.count_line(check) == "2 host(s): 1 OK, 1 CRIT"
     assert cli.count_line({"command": "patch", "hosts": {"a": {}}, "failed_hosts": []}) == "1 host(s), 0 failed"
+
+
+# -- cancels (issue 30, item 6): the playbook gets SIGTERM and prints its summary; the last line says CANCELLED ----
+
+def test_the_playbooks_pid_is_taken_from_its_events():
+    p = events.FleetProgress()
+    p.handle({"event": "playbook_on_start", "pid": 4711, "event_data": {}})
+    p.handle(dict(ev("runner_on_start", "gpu-01"), pid=9999))
+    assert p.playbook_pid == 4711
+
+
+def test_a_cancel_sends_sigterm_first_and_kills_only_when_needed():
+    cancel = cli.CancelRequest()
+    assert cli.cancel_step(cancel, None, 10.0, 4711) == (None, None)
+    cancel.request()
+    assert cli.cancel_step(cancel, None, 10.0, 4711) == ("term", 10.0)
+    assert cli.cancel_step(cancel, 10.0, 20.0, 4711) == (None, 10.0)  # the playbook stops and prints its summary
+    assert cli.cancel_step(cancel, 10.0, 10.0 + cli.PLAYBOOK_CANCEL_GRACE_S + 1, 4711) == ("kill", 10.0)
+    cancel.request()  # Ctrl-C or SIGTERM again: kill at once
+    assert cli.cancel_step(cancel, 10.0, 11.0, 4711) == ("kill", 10.0)
+    # no event yet: no task ran, ansible-runner kills it
+    early = cli.CancelRequest()
+    early.request()
+    assert cli.cancel_step(early, None, 3.0, None) == ("kill", 3.0)
+
+
+def test_the_last_line_of_a_cancelled_run_says_cancelled_not_failed_beside_ok_hosts():
+    p = events.FleetProgress()
+    p.handle(ev("runner_on_start", "gpu-01", role="gpu_memory_wait"))
+    report = events.build_report("restart", p, "canceled", 99, "/a")
+    assert cli.verdict(report) == "CANCELLED" and cli.count_line(report) == "1 host(s): 1 cancelled"
+    finished = {"status": "successful", "exit_code": 0, "hosts": {}}
+    assert cli.verdict(finished) == "ok"
+    assert cli.verdict({"status": "failed", "exit_code": 2, "hosts": {}}) == "FAILED"
+
+
+def test_the_cancel_message_says_what_happens_to_the_playbook():
+    import io
+    from rich.console import Console
+    buf = io.StringIO()
+    cli._say_cancelling(Console(file=buf, width=400), 4711)
+    text = buf.getvalue()
+    assert "ansible-playbook (pid 4711) got SIGTERM" in text and "prints its summary" in text
+    assert "ansible-runner stops the playbook now" not in text
+    buf = io.StringIO()
+    cli._say_cancelling(Console(file=buf, width=400), None)
+    assert "has not started a task yet" in buf.getvalue() and "nothing was changed" in buf.getvalue()

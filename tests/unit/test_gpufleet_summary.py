@@ -316,12 +316,13 @@ def test_an_interrupted_run_still_prints_what_each_host_was_left_in(monkeypatch)
                                              "stop_ms": 2000}, FakeTask("Stop", role="sglang_stop")))
     plugin.v2_runner_on_start(Named("h2"), FakeTask("Wait", role="gpu_memory_wait"))
     rows = plugin.interrupted_rows(now=cb.time.time() + 5)
-    assert list(rows) == ["h2"]
+    assert list(rows) == ["h2", "h3"]
     h2 = rows["h2"]
     assert h2["result"] == "interrupted" and h2["phase"] == "wait" and h2["old_pid"] == 20 and h2["still_down"]
     assert 6.5 <= h2["downtime_s"] <= 8.0, h2
-    assert h2["advice"].startswith("interrupted after the stop, in the wait for GPU memory: this host most likely "
-                                   "serves nothing now; rerun playbooks/restart.yml -e target=h2")
+    assert h2["advice"].startswith("interrupted after the stop (old server pid 20), before a new server was "
+                                   "started: this host serves nothing now; rerun playbooks/restart.yml -e target=h2")
+    assert rows["h3"]["result"] == "not_started" and "untouched" in rows["h3"]["advice"]
     plugin._on_exit()
     text = "\n".join(plugin._display.lines)
     assert "BANNER GPUFLEET SUMMARY (interrupted)" in plugin._display.lines
@@ -336,3 +337,173 @@ def test_an_interrupted_run_still_prints_what_each_host_was_left_in(monkeypatch)
     before = list(done._display.lines)
     done._on_exit()
     assert done._display.lines == before
+
+
+# -- cancels: SIGTERM (an AWX cancel) ends ansible-playbook as Ctrl-C does, with the summary (issue 30, item 6) -----
+
+@pytest.fixture
+def sigterm_seen(monkeypatch):
+    """Call it to mark the run cancelled by SIGTERM (the mark every loaded copy of the callback reads)."""
+    import signal
+    import ansible.plugins.callback as shared
+    monkeypatch.setitem(shared.__dict__, "_gpufleet_summary_handled", {})  # no earlier test's copy printed it
+    monkeypatch.delitem(shared.__dict__, "_gpufleet_cancel_signal", raising=False)
+    return lambda: monkeypatch.setitem(shared.__dict__, "_gpufleet_cancel_signal", signal.SIGTERM)
+
+
+def test_a_sigterm_cancel_prints_what_it_did_on_each_host_and_the_lock_it_left(monkeypatch, sigterm_seen):
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the command line before touching any host"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1", "h2"]}}))
+    plugin.v2_playbook_on_play_start(Named("Restart SGLang host by host (patch, stop, wait, launch, verify)"))
+    lock = {"run_id": "awx-4711", "lease_s": 300, "pid": 12}
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Take the restart lock", path="playbooks/tasks/restart_lock_take.yml"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"result": "taken", "acquired": True, "lock": lock, "lease_s": 300}))
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Stop", role="sglang_stop"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"signalled": [{"pid": 20, "signals": ["SIGTERM"]}], "main_pid": 20,
+                                             "stop_ms": 900, "start": {"started": True, "pid": 31}},
+                                      FakeTask("Stop", role="sglang_stop")))
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Wait", role="gpu_memory_wait"))
+    sigterm_seen()
+    plugin._on_exit()
+    text = "\n".join(plugin._display.lines)
+    assert "BANNER GPUFLEET SUMMARY (cancelled: SIGTERM)" in plugin._display.lines
+    assert "h1: cancelled in wait: ansible-playbook was cancelled (SIGTERM" in text
+    assert ("next: cancelled after the stop (old server pid 20): the new server (pid 31) was started but not "
+            "verified and not recorded") in text
+    assert "The restart lock (run awx-4711) stays on the host" in text and "unlock.yml -e target=h1" in text
+    assert "h2: not_started: the run was cancelled before this host's turn" in text and "(untouched)" in text
+    before = list(plugin._display.lines)
+    plugin._on_exit()  # the watchdog and atexit both call it: printed once
+    assert plugin._display.lines == before
+
+
+def test_a_sigterm_cancel_during_the_guard_play_still_says_every_host_is_untouched(monkeypatch, sigterm_seen):
+    plugin = make(monkeypatch)
+    plugin.v2_playbook_on_play_start(Named("Check the command line before touching any host"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1", "h2"]}}))
+    sigterm_seen()
+    plugin._on_exit()
+    text = "\n".join(plugin._display.lines)
+    assert "h1, h2: not_started: the run was cancelled before this host's turn" in text, text
+
+
+def test_a_released_lock_is_not_reported_left(monkeypatch, sigterm_seen):
+    plugin = make(monkeypatch)
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    plugin.v2_playbook_on_play_start(Named("Restart SGLang host by host"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"result": "taken", "acquired": True, "lock": {"run_id": "r1"},
+                                             "lease_s": 300}))
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Verify", role="sglang_verify"))
+    plugin.v2_runner_on_ok(FakeResult("h1", {"lock_release": {"result": "released"}, "changed": True}))
+    sigterm_seen()
+    rows = plugin.interrupted_rows()
+    assert "No restart lock was left" in rows["h1"]["advice"] and "stays on the host" not in rows["h1"]["advice"]
+
+
+class TaskQueueManager:
+    """Stands in for ansible-core's: its _signal_handler tells the workers and raises KeyboardInterrupt on SIGINT
+    (on SIGTERM it would kill the process)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _signal_handler(self, signum, frame):
+        import signal
+        self.calls.append(signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt()
+        raise AssertionError("ansible-core's SIGTERM path (kill itself) must not run")
+
+
+def test_sigterm_takes_ansible_cores_ctrl_c_path_and_starts_the_bound(monkeypatch):
+    import os
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers can be set only in the main thread")
+    tqm = TaskQueueManager()
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    seen = []
+    try:
+        # outside ansible-core's run (no TaskQueueManager handler) nothing is installed
+        assert cb.install_cancel_handlers(seen.append) == {}
+        assert signal.getsignal(signal.SIGTERM) == saved[signal.SIGTERM]
+        signal.signal(signal.SIGTERM, tqm._signal_handler)
+        signal.signal(signal.SIGINT, tqm._signal_handler)
+        previous = cb.install_cancel_handlers(seen.append)
+        assert set(previous) == {signal.SIGTERM, signal.SIGINT}
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(100):
+                threading.Event().wait(0.01)
+        assert seen == [signal.SIGTERM] and tqm.calls == [signal.SIGINT]  # the workers are told as on Ctrl-C
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # a second SIGTERM ends it at once
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def test_the_bound_prints_the_summary_and_exits_when_cleanup_blocks():
+    import threading
+    done, said, exits = threading.Event(), [], []
+
+    def exit_now(rc):
+        exits.append(rc)
+        done.set()
+
+    thread = cb.bounded_exit(0.05, lambda: said.append("summary"), exit_now=exit_now)
+    assert done.wait(5) and said == ["summary"] and exits == [cb.INTERRUPTED_RC]
+    assert thread.daemon  # a process that ends before the bound never waits for it
+
+    def broken():
+        raise RuntimeError("display gone")
+
+    done.clear()
+    cb.bounded_exit(0.01, broken, exit_now=exit_now)
+    assert done.wait(5) and exits == [cb.INTERRUPTED_RC] * 2  # the exit comes whatever the summary does
+
+
+def test_a_cancel_whose_interrupt_was_lost_is_raised_again_at_the_next_task_or_result(monkeypatch, sigterm_seen):
+    # Seen in the lab: SIGTERM landed in logging's fork hook as a worker was forked; Python ignored the
+    # KeyboardInterrupt raised there and the run went on to its end.
+    plugin = make(monkeypatch)
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    plugin.v2_playbook_on_play_start(Named("Restart SGLang host by host"))
+    plugin.v2_runner_on_start(Named("h1"), FakeTask("Stop", role="sglang_stop"))
+    sigterm_seen()
+    with pytest.raises(KeyboardInterrupt):  # the result is noted first, then the interrupt comes again
+        plugin.v2_runner_on_ok(FakeResult("h1", dict(STOP_RESULT), FakeTask("Stop", role="sglang_stop")))
+    assert plugin._seen["h1"]["old_pid"] == 20
+    with pytest.raises(KeyboardInterrupt):
+        plugin.v2_playbook_on_task_start(FakeTask("Wait", role="gpu_memory_wait"), False)
+    with pytest.raises(KeyboardInterrupt):
+        plugin.v2_runner_on_start(Named("h1"), FakeTask("Wait", role="gpu_memory_wait"))
+    # not from another thread (ansible-core's results thread must live), and not after the stats
+    import threading
+    raised = []
+    thread = threading.Thread(target=lambda: raised.append(plugin._cancel_checkpoint()))
+    thread.start()
+    thread.join()
+    assert raised == [None]
+    plugin._stats_done = True
+    plugin.v2_runner_on_ok(FakeResult("h1", {"changed": False}))
+
+
+STOP_RESULT = {"signalled": [{"pid": 20, "signals": ["SIGTERM"]}], "main_pid": 20, "stop_ms": 900}
+
+
+def test_the_bound_tells_the_workers_still_alive_to_end():
+    import signal
+
+    class Worker:
+        def __init__(self, pid, alive):
+            self.pid, self._alive = pid, alive
+
+        def is_alive(self):
+            return self._alive
+
+    sent = []
+    cb.end_workers([Worker(11, True), None, Worker(12, False), Worker(13, True)],
+                   kill=lambda pid, sig: sent.append((pid, sig)))
+    assert sent == [(11, signal.SIGTERM), (13, signal.SIGTERM)]
