@@ -11,7 +11,8 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Folders (walked for *.yml/*.yaml, symlinked folders skipped) and single YAML files (.ansible-lint is YAML too).
-SHIPPED = ("awx", "inventory", "meta", "playbooks", "roles", "requirements", "galaxy.yml", "execution-environment.yml",
+SHIPPED = ("awx", "inventory", "meta", "playbooks", "plugins", "roles", "requirements", "galaxy.yml",
+           "execution-environment.yml",
            ".ansible-lint")
 
 
@@ -35,6 +36,7 @@ def test_the_walk_finds_the_role_specs():
     names = {str(p.relative_to(ROOT)) for p in FILES}
     assert "roles/fleet_check/meta/argument_specs.yml" in names
     assert "playbooks/restart.yml" in names
+    assert "plugins/filter/gpufleet_gpu_baseline_text.yml" in names  # the filters' ansible-doc pages
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(ROOT)))
