@@ -4,11 +4,14 @@
 - ``gpufleet_gpu_baseline_text(baseline_mib)`` -> str: "GPU 3: 20018 MiB, ..." for memory others hold.
 - ``gpufleet_rollback_unreadable(wait_result)`` -> str: the rollback's note when its GPU memory wait could not
   read memory (the relaunch then goes ahead without a memory check); '' otherwise.
+- ``gpufleet_rollback_fit(wait_result, server)`` -> {fits, text}: whether the rollback relaunches the previous
+  server beside GPU memory others took after preflight (its wait ran out), and the note's sentence.
 """
 from __future__ import annotations
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
     baseline_text,
+    rollback_fit,
     unreadable_refusal,
 )
 
@@ -38,10 +41,21 @@ def gpufleet_rollback_unreadable(wait_result):
             "(it ran on these GPUs a moment ago); its own readiness check decided" % cut)
 
 
+def gpufleet_rollback_fit(wait_result, server):
+    """Whether the rollback relaunches the previous server although its nvidia_gpu_wait (``wait_result``, registered)
+    ran out (error_class not_released), and the sentence for its note: only when every GPU the old server used has
+    what it held there free now and SGLang's TP memory-balance check would pass (module_utils gpufleet_gpu_memory
+    ``rollback_fit``). ``server``: sglang_preflight_server_gpus. Any other wait result: ``{fits: False, text: ''}``."""
+    if not isinstance(wait_result, dict) or wait_result.get("error_class") != "not_released":
+        return {"fits": False, "text": ""}
+    return rollback_fit(wait_result.get("gpus") or [], server if isinstance(server, dict) else {})
+
+
 class FilterModule(object):
     """gpufleet GPU memory filters."""
 
     def filters(self):
         return {"gpufleet_gpu_unreadable_refusal": gpufleet_gpu_unreadable_refusal,
                 "gpufleet_gpu_baseline_text": gpufleet_gpu_baseline_text,
-                "gpufleet_rollback_unreadable": gpufleet_rollback_unreadable}
+                "gpufleet_rollback_unreadable": gpufleet_rollback_unreadable,
+                "gpufleet_rollback_fit": gpufleet_rollback_fit}

@@ -134,3 +134,70 @@ def tp_balance_problem(gpus, baseline_mib, world_size, env=None):
             "sglang_launch_extra_env and rerun"
             % (baseline_text(baseline_mib), least, free[least], free[most], most, int(world_size),
                TP_BALANCE_FACTOR * 100, TP_BALANCE_ENV))
+
+
+#: MiB a GPU must have free beyond the old server's own footprint for the rollback to relaunch it beside others.
+FIT_MARGIN_MIB = 1024
+
+
+def server_footprint(gpu):
+    """MiB the old server held on one GPU of sglang_host_info's ``gpu_after_stop.gpus`` (preflight, while it ran):
+    its processes' listed memory when the accounting is complete, else all the GPU's used memory less what others
+    held there (a server whose memory no list names in full). None when the GPU was not the server's."""
+    if not gpu.get("held_by_stop_set"):
+        return None
+    if gpu.get("accounting") == "complete" and gpu.get("stop_set_mib"):
+        return int(gpu["stop_set_mib"])
+    used = gpu.get("memory_used_mib")
+    return None if used is None else int(used)
+
+
+def rollback_fit(wait_gpus, server, margin_mib=FIT_MARGIN_MIB):
+    """Whether the rollback may relaunch the previous server although its wait for GPU memory ran out.
+
+    The wait ran out because memory stayed held that preflight did not see (another job took GPU memory after
+    preflight, while the host was between servers). Relaunched into GPUs too full, a server runs out of memory
+    (on a real host only after loading its weights), so it goes ahead only when every GPU the old server used has,
+    free now, what that server held there (``server_footprint``) plus ``margin_mib``, and SGLang's TP
+    memory-balance check would pass (:func:`tp_balance_problem`'s rule over the free memory now).
+
+    ``wait_gpus``: nvidia_gpu_wait's ``gpus`` (``index``, ``memory_used_mib``, ``memory_total_mib``,
+    ``memory_reserved_mib``); ``server``: ``{"gpus": gpu_after_stop.gpus, "world_size": tp x pp, "env": the
+    server's extra environment}`` as preflight measured them while the old server ran.
+    Returns ``{"fits": bool, "text": str}``: the sentence says what was free against what the server held (for the
+    note), or why it does not fit; ``fits`` is False with an empty text when nothing is known (no preflight
+    measurement, a GPU unread), so the rollback keeps refusing as before.
+    """
+    server = server if isinstance(server, dict) else {}
+    need = {}
+    for gpu in server.get("gpus") or []:
+        mib = server_footprint(gpu)
+        if mib is not None:
+            need[int(gpu["index"])] = mib
+    now = {int(g["index"]): g for g in wait_gpus or [] if isinstance(g, dict) and "index" in g}
+    if not need or any(i not in now for i in need):
+        return {"fits": False, "text": ""}
+    free, short = {}, []
+    for index in sorted(need):
+        g = now[index]
+        if g.get("memory_used_mib") is None or g.get("memory_total_mib") is None:
+            return {"fits": False, "text": ""}
+        free[index] = int(g["memory_total_mib"]) - int(g.get("memory_reserved_mib") or 0) - int(g["memory_used_mib"])
+        if free[index] < need[index] + int(margin_mib):
+            short.append("GPU %d: %d MiB free, the previous server held %d MiB" % (index, free[index], need[index]))
+    if short:
+        return {"fits": False, "text": "the previous server would not fit beside it (%s)" % "; ".join(short)}
+    world = int(server.get("world_size") or 1)
+    if world > 1 and len(free) > 1 and not _check_off(server.get("env")):
+        least = min(free, key=lambda i: free[i])
+        most = max(free, key=lambda i: free[i])
+        if free[least] < TP_BALANCE_FACTOR * free[most]:
+            return {"fits": False, "text": (
+                "the previous server would not start beside it: GPU %d has %d MiB free against %d MiB on GPU %d, "
+                "and SGLang refuses a tp-size x pp-size %d world when a GPU has less than %.0f %% of another's free "
+                "memory" % (least, free[least], free[most], most, world, TP_BALANCE_FACTOR * 100))}
+    widest = max(need.values())
+    return {"fits": True, "text": (
+        "GPU memory others took after preflight stayed held through the wait, but every GPU the previous server "
+        "used has what it held there free (least: %d MiB free for at most %d MiB), so it was relaunched beside it"
+        % (min(free.values()), widest))}

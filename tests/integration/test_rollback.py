@@ -722,3 +722,34 @@ def test_a_failed_launch_beside_a_holder_no_gpu_list_names_relaunches_the_previo
         assert lab.gpus(host)[5]["used_mib"] == 120009 + 3009  # the holder kept its memory all along
     finally:
         lab.clear_faults(host)
+
+
+@pytest.mark.lab_only_once
+def test_memory_others_take_after_preflight_is_relaunched_beside_when_the_previous_server_fits(lab):
+    """Issue 30: another job takes 5000 MiB of GPU 3 the moment the old server's worker there goes (knob
+    hidden_holder_after_stop), after preflight read the GPUs: the wait after the stop and the rollback's wait run out,
+    and the rollback relaunches the previous server beside that memory because every GPU still has what the server
+    held there free (preflight's measurement) and SGLang's balance check passes. The note says so."""
+    host = lab.hosts[0]
+    before_pid = ensure_serving(lab, host)
+    before_sha, record = engine_sha(lab, host), launch_record(lab, host)
+    lab.fault(host, hidden_holder_after_stop={"gpu": 3, "mib": 5000})
+    try:
+        runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=dict(changed_config(lab, host),
+                                                                         gpu_memory_wait_timeout_s=3))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-4000:]
+        assert facts(lab, runner, host, "_gpufleet_failed_phase") == "wait"
+        rollback = facts(lab, runner, host, "_gpufleet_rollback")
+        assert rollback["state"] == "rolled_back", rollback
+        detail = rollback["detail"]
+        assert "GPU memory others took after preflight stayed held through the wait" in detail, detail
+        assert "(least: 138146 MiB free for at most 120000 MiB), so it was relaunched beside it" in detail, detail
+        # the rollback's wait ran out too (the memory stays), and did not fail: the old server fits beside it
+        [waited] = [d for d in lab.events(runner, "runner_on_ok", "nvidia_gpu_wait")
+                    if d["task"] == "Rollback - wait until GPU memory is released"]
+        assert waited["res"]["error_class"] == "not_released" and not waited["res"]["ready"], waited["res"]
+        assert_serves_previous_launch(lab, host, before_pid, before_sha, record)
+        assert lab.gpus(host)[3]["used_mib"] == 120009 + 5009  # relaunched beside the memory taken
+    finally:
+        lab.clear_faults(host)

@@ -174,6 +174,7 @@ class Gpusimd:
         self.util = {}  # conn fd -> {gpu: pct}
         self.next_id = 1
         self.state_path = os.path.join(host_dir, "gpu", "state.json")
+        self.on_release = None  # callable(set of GPU indices) when a holder's connection closes
         os.makedirs(os.path.dirname(self.state_path), exist_ok=True)
         self.write()
 
@@ -210,12 +211,16 @@ class Gpusimd:
     def closed(self, conn_fd):
         delay = self.delay_s()
         now = time.time()
+        gpus = set()
         for a in self.allocs:
             if a["conn"] == conn_fd and a["released_at"] is None:
                 a["released_at"] = "never" if delay is None else now + delay
                 a["conn"] = None
+                gpus.add(a["gpu"])
         self.util.pop(conn_fd, None)
         self.write()
+        if gpus and self.on_release is not None:
+            self.on_release(gpus)
 
     def reconsider(self):
         """After a fault change: memory kept 'never' gets released after the current delay."""
@@ -321,7 +326,10 @@ class HostInit:
             except ProcessLookupError:
                 pass
             self.stray_pid = None
-        self.apply_hidden_holder(faults.get("hidden_holder"))
+        # hidden_holder_after_stop: the holder starts when a holder of that GPU goes (on_holder_released); until
+        # then, and once the knob is cleared, hidden_holder alone decides.
+        if not (faults.get("hidden_holder_after_stop") and self.hidden_pid is not None):
+            self.apply_hidden_holder(faults.get("hidden_holder"))
         shm = faults.get("stale_shm")
         if shm:
             size = (int(shm) if not isinstance(shm, bool) and int(shm) > 1 else 1) << 20
@@ -358,6 +366,14 @@ class HostInit:
             except ProcessLookupError:
                 pass
             self.hidden_pid = None
+
+    def on_holder_released(self, gpus):
+        """Knob ``hidden_holder_after_stop`` ({"gpu": N, "mib": M}): the hidden holder of ``hidden_holder`` starts
+        the moment a holder of GPU N goes (the server's worker, at its stop), before that memory is released: another
+        job that takes GPU memory while the host is between servers, after preflight read it."""
+        knob = load_faults(self.host_dir).get("hidden_holder_after_stop")
+        if knob and self.hidden_pid is None and int(knob.get("gpu", 3)) in gpus:
+            self.apply_hidden_holder(knob)
 
     # signals ------------------------------------------------------------------------------------
     def _on_sigchld(self, *_):
@@ -407,6 +423,7 @@ class HostInit:
             setup_net(h["ip_cidr"])
             setup_home(self.host_dir)
         self.gpusimd = Gpusimd(self.host_dir, float(h.get("release_delay_ms", 150)))
+        self.gpusimd.on_release = self.on_holder_released
         signal.signal(signal.SIGCHLD, self._on_sigchld)
         signal.signal(signal.SIGHUP, self._on_sighup)
         signal.signal(signal.SIGTERM, self._on_sigterm)

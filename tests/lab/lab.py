@@ -79,6 +79,7 @@ FAULT_KNOBS = {
     # A container's process: holds GPU memory, but nvidia-smi --query-compute-apps lists it not (another PID
     # namespace); it has only /dev/nvidiactl and /dev/nvidia-uvm open. Cleared faults end it.
     "hidden_holder": "a process nvidia-smi does not list holds MiB on a GPU, e.g. {\"gpu\": 3, \"mib\": 20000} (dict)",
+    "hidden_holder_after_stop": "as hidden_holder, but it starts when a holder of that GPU goes (the server's stop) (dict)",
 }
 
 

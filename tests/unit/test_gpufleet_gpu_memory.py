@@ -203,3 +203,64 @@ def test_rollback_note_when_memory_could_not_be_read():
                                     {"failed": True, "error_class": "not_released", "msg": "held"}])
 def test_no_rollback_note_for_a_wait_that_read_memory(result):
     assert F.gpufleet_rollback_unreadable(result) == ""
+
+
+# ------------------------------------------------------------------------------ rollback beside memory taken later
+
+def server_gpus(n=8, held=120000, world=8, env=None, complete=True):
+    """sglang_preflight_server_gpus of a TP8 server holding ``held`` MiB per GPU while it ran."""
+    return {"gpus": [{"index": i, "stop_set_mib": held, "memory_used_mib": held + 9, "held_by_stop_set": True,
+                      "accounting": "complete" if complete else "incomplete", "memory_total_mib": 143771,
+                      "memory_reserved_mib": 616} for i in range(n)],
+            "world_size": world, "env": env or {}}
+
+
+def wait_gpus(taken, n=8):
+    """The rollback wait's gpus once the servers are gone, ``taken`` {index: MiB} held by others."""
+    return [{"index": i, "memory_used_mib": taken.get(i, 0), "memory_total_mib": 143771, "memory_reserved_mib": 616,
+             "free": i not in taken} for i in range(n)]
+
+
+def not_released(taken):
+    return {"failed": True, "error_class": "not_released", "msg": "held", "gpus": wait_gpus(taken)}
+
+
+def test_the_previous_server_is_relaunched_beside_memory_it_still_fits_beside():
+    fit = F.gpufleet_rollback_fit(not_released({3: 5009}), server_gpus())
+    assert fit["fits"] is True
+    assert "free (least: 138146 MiB free for at most 120000 MiB), so it was relaunched beside it" in fit["text"]
+
+
+def test_no_relaunch_when_a_gpu_lacks_what_the_previous_server_held_there():
+    fit = M.rollback_fit(wait_gpus({3: 30000, 5: 22500}), server_gpus())
+    assert fit["fits"] is False
+    # 143771 - 616 - 30000 = 113155 < 120000 + 1024; GPU 5: 120655 < 121024 (the margin counts)
+    assert fit["text"] == ("the previous server would not fit beside it (GPU 3: 113155 MiB free, the previous server "
+                           "held 120000 MiB; GPU 5: 120655 MiB free, the previous server held 120000 MiB)")
+
+
+def test_no_relaunch_when_sglang_would_refuse_the_unbalanced_world_unless_its_check_is_off():
+    small = server_gpus(held=60000)
+    fit = M.rollback_fit(wait_gpus({3: 20000}), small)
+    assert fit["fits"] is False and "GPU 3 has 123155 MiB free against 143155 MiB on GPU 0" in fit["text"]
+    assert M.rollback_fit(wait_gpus({3: 20000}), server_gpus(held=60000, world=1))["fits"] is True
+    assert M.rollback_fit(wait_gpus({3: 20000}), server_gpus(
+        held=60000, env={"SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK": "false"}))["fits"] is True
+
+
+def test_the_footprint_of_a_server_whose_memory_no_list_names_in_full_is_all_it_used():
+    assert M.server_footprint(server_gpus(complete=False)["gpus"][0]) == 120009
+    assert M.server_footprint({"index": 0, "held_by_stop_set": False, "memory_used_mib": 5}) is None
+
+
+@pytest.mark.parametrize("result,server", [
+    ({"failed": True, "error_class": "field_unavailable", "gpus": wait_gpus({})}, server_gpus()),
+    ({"ready": True, "gpus": wait_gpus({})}, server_gpus()),
+    ({"skipped": True}, server_gpus()),
+    (None, server_gpus()),
+    (not_released({3: 5009}), {}),                      # preflight measured nothing (a --tags run)
+    (not_released({3: 5009}), {"gpus": [], "world_size": 8}),
+    ({"failed": True, "error_class": "not_released", "gpus": wait_gpus({3: 5009}, n=2)}, server_gpus()),  # GPU unread
+])
+def test_nothing_known_keeps_the_rollback_refusing_as_before(result, server):
+    assert F.gpufleet_rollback_fit(result, server) == {"fits": False, "text": ""}
