@@ -118,6 +118,7 @@ routable:
     msg: {description: One line saying so., type: str}
 """
 
+import gc
 import json
 
 from ansible.module_utils.basic import AnsibleModule
@@ -189,4 +190,7 @@ def main():
 
 
 if __name__ == "__main__":
+    # Imports and constants to the permanent GC generation: the exit skips walking them (about 20 ms less per
+    # call; docs/benchmarks.md, module exit)
+    gc.freeze()
     main()
