@@ -64,8 +64,19 @@ def roll(router, inventory, mode, concurrency, log, secrets=None, max_new_tokens
     t0 = time.time()
     rc = playbook(inventory, extra, log)
     res = gen.stop()
-    res.update(mode=mode, playbook_rc=rc, playbook_s=round(time.time() - t0, 1), log=log)
+    res.update(mode=mode, playbook_rc=rc, playbook_s=round(time.time() - t0, 1), log=log, pool_waits=pool_waits(log))
     return res
+
+
+def pool_waits(log):
+    """The removals that waited for other workers to take traffic in the router's view (restart.yml's
+    "Router - say that enough other workers take traffic" lines: "HOST: after N look(s): ..."), as
+    ["HOST: N looks"]."""
+    try:
+        text = open(log).read()
+    except OSError:
+        return []
+    return ["%s: %s looks" % m for m in re.findall(r"^\s+(\S+): after (\d+) look\(s\): ", text, flags=re.M)]
 
 
 def table(results, hosts, concurrency, router, router_version):
@@ -86,7 +97,10 @@ def table(results, hosts, concurrency, router, router_version):
         lines.append("| %s | %d | %d | %d | %s | %s | %.0f s |" % (
             names[r["mode"]], r["failed_requests"], r["total_requests"], r["streamed"], causes,
             "ok" if r["playbook_rc"] == 0 else "rc %d" % r["playbook_rc"], r["playbook_s"]))
-    lines += ["", end]
+    waits = ["%s (%s)" % (r["mode"], ", ".join(r["pool_waits"])) for r in results if r.get("pool_waits")]
+    lines += ["", "Removals that first waited until enough other workers took traffic in the router's view: "
+              + ("; ".join(waits) if waits else "none (every removal found another worker taking traffic)") + ".",
+              "", end]
     return "\n".join(lines)
 
 
@@ -140,9 +154,9 @@ def main(argv=None):
             res = roll(router, inventory, mode, a.concurrency, os.path.join(a.lab_dir, "restart-%s.log" % mode),
                        secrets=secrets)
             results.append(res)
-            print("integration %s: failed_requests=%d total_requests=%d (playbook rc %d, %.0f s; causes %s; log %s)" % (
-                mode, res["failed_requests"], res["total_requests"], res["playbook_rc"], res["playbook_s"],
-                json.dumps(res["errors"]), res["log"]))
+            print("integration %s: failed_requests=%d total_requests=%d (playbook rc %d, %.0f s; causes %s; pool waits %s; "
+                  "log %s)" % (mode, res["failed_requests"], res["total_requests"], res["playbook_rc"], res["playbook_s"],
+                               json.dumps(res["errors"]), ", ".join(res["pool_waits"]) or "none", res["log"]))
             healthy = lab_router.healthy_workers(router["url"], key)
             if healthy != sorted(router["workers"]):
                 # the baseline can leave a restarted worker marked unhealthy for a while: wait before the next mode
