@@ -295,6 +295,22 @@ def test_smg_refuses_to_take_out_the_last_worker_that_takes_traffic(lab, smg):
     assert smg["key"] not in out
 
 
+def test_smg_min_healthy_above_the_pool_refuses_at_once(lab, smg):
+    """gpufleet_router_min_healthy 2 while the pool lists one other worker: no wait can help, the removal is refused
+    at once (no retry lines) and the pool is as it was."""
+    host = smg["host"]
+    before = smg_pool(smg)
+    runner = lab.run_playbook("tests/integration/playbooks/router_roundtrip.yml", limit=host,
+                              extravars=smg_vars(smg, gpufleet_router_min_healthy=2))
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-3000:]
+    failed = " ".join(d["res"].get("msg", "") for d in lab.events(runner, "runner_on_failed"))
+    assert "(gpufleet_router_min_healthy 2)" in failed and "the pool lists only 1 other worker(s), not waited for" in failed
+    assert "The server was not stopped and stays in the pool" in failed, failed
+    assert "FAILED - RETRYING" not in out
+    assert smg_pool(smg) == before
+
+
 def test_smg_control_plane_key_and_duplicate_add(lab, smg):
     """Item 5: smg's worker routes behind a control-plane key (not the data-plane --api-key): the role takes the
     host out and puts it back with gpufleet_router_control_plane_key, which never shows in the output, an event or
