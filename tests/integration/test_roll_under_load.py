@@ -311,6 +311,28 @@ def test_smg_min_healthy_above_the_pool_refuses_at_once(lab, smg):
     assert smg_pool(smg) == before
 
 
+def test_smg_draining_entry_is_waited_out_before_the_add(lab, smg):
+    """smg lists a removed worker as status draining until its requests are done; a POST meanwhile answers 409 and
+    the entry then vanishes. Putting the worker back right after a removal waits the draining entry out, then adds
+    it: in the pool, ready, routed to."""
+    host, url = smg["host"], worker_url(lab, smg["host"])
+    old_id = smg_pool(smg)[url][0]
+    req = urllib.request.Request("%s/workers/%s" % (smg["url"], urllib.parse.quote(old_id, safe="")), method="DELETE",
+                                 headers={"Authorization": "Bearer " + smg["key"]})
+    assert urllib.request.urlopen(req, timeout=10).status == 202
+    assert smg_pool(smg)[url][1:] == (False, "draining")
+    runner = lab.run_playbook("tests/integration/playbooks/router_roundtrip.yml", limit=host,
+                              extravars=smg_vars(smg, router_steps=["present"]))
+    out = stdout_of(runner)
+    assert runner.status == "successful", out[-3000:]
+    waited = [d for d in lab.events(runner, "runner_on_ok")
+              if d["task"] == "Router - wait until the router has dropped a draining entry of the worker"]
+    added = [d for d in lab.events(runner, "runner_on_ok") if d["task"] == "Router - add the worker"]
+    assert waited and added  # both ran (runner_on_ok), not skipped
+    after = smg_pool(smg)
+    assert after[url][0] != old_id and after[url][1:] == (True, "ready"), after
+
+
 def test_smg_control_plane_key_and_duplicate_add(lab, smg):
     """Item 5: smg's worker routes behind a control-plane key (not the data-plane --api-key): the role takes the
     host out and puts it back with gpufleet_router_control_plane_key, which never shows in the output, an event or
