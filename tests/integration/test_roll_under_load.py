@@ -5,6 +5,11 @@ loadgen.py sends continuous streaming and plain ``/generate`` requests through i
 ``gpufleet_router_url`` set, restarts two hosts one at a time. Then a restart whose new server crashes: the host
 is rolled back and its old server is back in the router's pool. Asserts on the router's own worker list, the
 playbook's events and the clients' results.
+
+Then smg (sglang-router's successor, the pinned PyPI wheel) in front of the first host and a worker whose requests
+fail (its circuit breaker opens while GET /workers lists it healthy), its worker routes behind a control-plane key:
+the removal waits for / refuses on the router's own view of the pool, a draining entry is waited out before the
+re-add, a duplicate POST's 409 counts as present, and the key never shows in output, events or command lines.
 """
 import importlib.util
 import json
