@@ -8,7 +8,8 @@
 2. starts the real router (lab_router.py: ``--router``, sglang-router 0.3.2 or smg, both pinned from PyPI, on the
    lab bridge, every host a worker; smg with a control-plane key on its worker routes, which the ``on`` mode gets
    as ``gpufleet_router_control_plane_key`` from a 0600 extra-vars file, never on a command line);
-3. per mode, runs ``playbooks/restart.yml`` over every host one at a time (gpufleet_serial 1) while loadgen.py
+3. per mode (before each mode after the first, until the router serves 20 requests in a row: ``settle``), runs
+   ``playbooks/restart.yml`` over every host one at a time (gpufleet_serial 1) while loadgen.py
    sends continuous streaming and plain ``/generate`` requests through the router, from the playbook's start
    to its end: ``off`` = the router is in front but restart.yml does not talk to it (baseline), ``on`` =
    ``-e gpufleet_router_url=<router> -e gpufleet_router_metrics_url=<its Prometheus port>`` (each host leaves the
@@ -29,6 +30,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -68,6 +70,28 @@ def roll(router, inventory, mode, concurrency, log, secrets=None, max_new_tokens
     return res
 
 
+def settle(url, need=20, timeout_s=300):
+    """Between two modes: one plain ``/generate`` at a time through the router until ``need`` in a row answer 200,
+    so that the next mode starts on a router that serves. After the baseline's outages the router can answer 503
+    ``no_available_workers`` to every request (all circuit breakers open) until ``--cb-timeout-duration-secs`` (60 s
+    by default) has passed and requests find the circuits half-open; those failures belong to the baseline, not to
+    the next roll. Returns {"seconds", "probes", "failed"}."""
+    t0, probes, failed, streak = time.time(), 0, 0, 0
+    body = json.dumps({"text": "settle", "sampling_params": {"max_new_tokens": 1}}).encode()
+    while streak < need and time.time() - t0 < timeout_s:
+        probes += 1
+        try:
+            req = urllib.request.Request(url + "/generate", data=body, headers={"Content-Type": "application/json"})
+            ok = urllib.request.urlopen(req, timeout=30).status == 200
+        except (OSError, ValueError):
+            ok = False
+        streak = streak + 1 if ok else 0
+        if not ok:
+            failed += 1
+            time.sleep(0.5)
+    return {"seconds": round(time.time() - t0, 1), "probes": probes, "failed": failed}
+
+
 def pool_waits(log):
     """The removals that waited for other workers to take traffic in the router's view (restart.yml's
     "Router - say that enough other workers take traffic" lines: "HOST: after N look(s): ..."), as
@@ -79,7 +103,7 @@ def pool_waits(log):
     return ["%s: %s looks" % m for m in re.findall(r"^\s+(\S+): after (\d+) look\(s\): ", text, flags=re.M)]
 
 
-def table(results, hosts, concurrency, router, router_version):
+def table(results, hosts, concurrency, router, router_version, settled=()):
     begin, end = markers(router)
     lines = [begin, "",
              "Measured %s UTC by `make roll-under-load ROUTER=%s` (tests/lab/roll_under_load.py): %d lab hosts, %s %s "
@@ -99,8 +123,12 @@ def table(results, hosts, concurrency, router, router_version):
             "ok" if r["playbook_rc"] == 0 else "rc %d" % r["playbook_rc"], r["playbook_s"]))
     waits = ["%s (%s)" % (r["mode"], ", ".join(r["pool_waits"])) for r in results if r.get("pool_waits")]
     lines += ["", "Removals that first waited until enough other workers took traffic in the router's view: "
-              + ("; ".join(waits) if waits else "none (every removal found another worker taking traffic)") + ".",
-              "", end]
+              + ("; ".join(waits) if waits else "none (every removal found another worker taking traffic)") + "."]
+    if settled:
+        lines += ["", "Between the modes the router was probed (one `/generate` at a time) until 20 in a row answered "
+                  "200: " + "; ".join("%.0f s, %d of %d probes failed" % (st["seconds"], st["failed"], st["probes"])
+                                      for st in settled) + " (the baseline's open circuit breakers)."]
+    lines += ["", end]
     return "\n".join(lines)
 
 
@@ -150,13 +178,23 @@ def main(argv=None):
         print("%s %s %s (pid %d), metrics %s, workers: %s" % (
             router["router"], router["version"], router["url"], router["pid"], router["metrics_url"],
             ", ".join(router["workers"])))
-        for mode in modes:
+        settled = []
+        for n, mode in enumerate(modes):
+            if n:
+                st = settle(router["url"])
+                settled.append(st)
+                print("before %s: the router served 20 requests in a row after %.0f s (%d of %d probes failed)" % (
+                    mode, st["seconds"], st["failed"], st["probes"]))
             res = roll(router, inventory, mode, a.concurrency, os.path.join(a.lab_dir, "restart-%s.log" % mode),
                        secrets=secrets)
             results.append(res)
             print("integration %s: failed_requests=%d total_requests=%d (playbook rc %d, %.0f s; causes %s; pool waits %s; "
-                  "log %s)" % (mode, res["failed_requests"], res["total_requests"], res["playbook_rc"], res["playbook_s"],
-                               json.dumps(res["errors"]), ", ".join(res["pool_waits"]) or "none", res["log"]))
+                  "failures from %s s to %s s; log %s)" % (
+                      mode, res["failed_requests"], res["total_requests"], res["playbook_rc"], res["playbook_s"],
+                      json.dumps(res["errors"]), ", ".join(res["pool_waits"]) or "none", res["first_failure_s"],
+                      res["last_failure_s"], res["log"]))
+            for sample in res["samples"][:5]:  # the first failures, as the clients saw them
+                print("  failed: %s" % sample)
             healthy = lab_router.healthy_workers(router["url"], key)
             if healthy != sorted(router["workers"]):
                 # the baseline can leave a restarted worker marked unhealthy for a while: wait before the next mode
@@ -164,7 +202,7 @@ def main(argv=None):
                 deadline = time.time() + 120
                 while lab_router.healthy_workers(router["url"], key) != sorted(router["workers"]) and time.time() < deadline:
                     time.sleep(1)
-        write_report(a.report, table(results, a.hosts, a.concurrency, a.router, router["version"]), a.router)
+        write_report(a.report, table(results, a.hosts, a.concurrency, a.router, router["version"], settled), a.router)
         print("report: %s" % a.report)
         for r in results:
             print("failed_requests=%d total_requests=%d" % (r["failed_requests"], r["total_requests"])
