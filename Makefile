@@ -81,12 +81,14 @@ demo: lab-up
 	@echo; echo "=== second run: the lab started with no server, so run 1 was a first launch on every host; now a real rolling restart ==="; echo
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-playbook -i $(DEMO_INVENTORY) playbooks/restart.yml
 
-# Rolling restart under continuous load behind the real sglang-router (PyPI, requirements/controller.txt), with the
-# router integration off (baseline) and on: prints failed_requests=N total_requests=M, writes docs/reliability.md.
+# Rolling restart under continuous load behind the real router (ROUTER=sglang-router, its 0.3.2, or ROUTER=smg, its
+# successor; both pinned in requirements/controller.txt), with the router integration off (baseline) and on: prints
+# failed_requests=N total_requests=M, writes docs/reliability.md.
+ROUTER ?= sglang-router
 ROLL_HOSTS ?= 4
 ROLL_LAB_DIR ?= .lab-roll
 roll-under-load: setup
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python tests/lab/roll_under_load.py --hosts $(ROLL_HOSTS) --lab-dir $(ROLL_LAB_DIR)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python tests/lab/roll_under_load.py --router $(ROUTER) --hosts $(ROLL_HOSTS) --lab-dir $(ROLL_LAB_DIR)
 
 # Two pytest workers (pytest-xdist), one test file each at a time (module fixtures set up once; each worker brings
 # up its own lab): one stream leaves the CPU idle while it waits on server starts and SSH round trips, two keep

@@ -5,10 +5,18 @@ loadgen.py sends continuous streaming and plain ``/generate`` requests through i
 ``gpufleet_router_url`` set, restarts two hosts one at a time. Then a restart whose new server crashes: the host
 is rolled back and its old server is back in the router's pool. Asserts on the router's own worker list, the
 playbook's events and the clients' results.
+
+Then smg (sglang-router's successor, the pinned PyPI wheel) in front of the first host and a worker whose requests
+fail (its circuit breaker opens while GET /workers lists it healthy), its worker routes behind a control-plane key:
+the removal waits for / refuses on the router's own view of the pool, a draining entry is waited out before the
+re-add, a duplicate POST's 409 counts as present, and the key never shows in output, events or command lines.
 """
+import importlib.util
+import json
 import os
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -182,3 +190,215 @@ def test_a_refused_drain_probe_while_the_old_server_runs_elsewhere_stops_nothing
         e["ended"] == "would signal" for d in lab.events(runner, "runner_on_ok", "sglang_stop")
         for e in d["res"].get("signalled", []))
     assert pool(router["url"]) == before  # nothing removed, nothing added
+
+
+# --- smg (sglang-router's successor, pinned in requirements/controller.txt) -------------------------------------------
+
+class FailingWorker:
+    """A worker the router finds healthy (200 to every GET: /health, /server_info, /v1/models, ...) whose every
+    POST (a /generate) answers 500: the router's circuit breaker for it opens while GET /workers lists it
+    is_healthy true, as after the outages of a roll the router was not told about."""
+
+    def __init__(self, host, port):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, code, obj):
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._send(200, {"model_path": "lab-failing-worker", "is_generation": True, "loads": []})
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._send(500, {"error": "lab failing worker"})
+
+        self.server = http.server.ThreadingHTTPServer((host, port), Handler)
+        self.url = "http://%s:%d" % (host, port)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def smg_pool(router, key=None):
+    """{worker url: (id, is_healthy, status)} as smg lists it."""
+    return {w["url"]: (w["id"], w["is_healthy"], w.get("status"))
+            for w in lab_router.get_json(router["url"] + "/workers", key=key or router["key"])["workers"]}
+
+
+def cb_state(router, url):
+    text = urllib.request.urlopen(router["metrics_url"], timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith('smg_worker_cb_state{worker="%s"}' % url):
+            return float(line.split()[-1])
+    return None
+
+
+@pytest.fixture(scope="module")
+def smg(lab, router):
+    """smg 1.13 in front of the first lab host (serving, from the router fixture) and a FailingWorker, its worker
+    routes behind a control-plane key; its circuit breaker opens after 2 failures and stays open 10 min."""
+    port = 39000 + os.getpid() % 1000
+    key = "cp-" + os.urandom(12).hex()
+    host = lab.hosts[0]
+    fake = FailingWorker(lab_router.bridge_ip(lab_router._lab_state(lab.lab_dir)), port + 2)
+    info = lab_router.start(lab.lab_dir, port=port, router="smg", control_plane_key=key, hosts=[host], name="router-smg",
+                            extra=["--cb-failure-threshold", "2", "--cb-timeout-duration-secs", "600"])
+    try:
+        deadline = time.time() + 60
+        req = urllib.request.Request(info["url"] + "/workers", data=json.dumps({"url": fake.url}).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": "Bearer " + key})
+        assert urllib.request.urlopen(req, timeout=10).status == 202
+        while time.time() < deadline and not smg_pool(dict(info, key=key)).get(fake.url, (0, False))[1]:
+            time.sleep(0.5)
+        yield dict(info, key=key, host=host, fake=fake.url)
+    finally:
+        lab_router.stop(lab.lab_dir, "router-smg")
+        fake.close()
+
+
+def smg_vars(smg, **more):
+    return dict(dict(FAST, gpufleet_router_url=smg["url"], gpufleet_router_metrics_url=smg["metrics_url"],
+                     gpufleet_router_control_plane_key=smg["key"]), **more)
+
+
+def test_smg_refuses_to_take_out_the_last_worker_that_takes_traffic(lab, smg):
+    """Item 4: the router lists both workers is_healthy true, but the circuit of the other one is open (its
+    requests failed): taking this host out would leave smg answering 503 no_available_workers. The run waits
+    (gpufleet_router_routable_timeout_s), then fails before the stop: the old server serves, still in the pool."""
+    host = smg["host"]
+    gen = loadgen.LoadGen(smg["url"], concurrency=2, max_requests=8, max_new_tokens=2)
+    res = gen.start().wait()  # the router retries the failing worker's 500s on the lab host: clients see 200
+    assert res["failed_requests"] == 0, res
+    assert cb_state(smg, smg["fake"]) == 1 and cb_state(smg, worker_url(lab, host)) == 0
+    before = smg_pool(smg)
+    assert before[smg["fake"]][1] is True  # GET /workers alone says healthy
+    pid = server_pid(lab, host)
+    runner = lab.run_playbook(PLAYBOOK, limit=host, extravars=smg_vars(smg, gpufleet_router_routable_timeout_s=4))
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-4000:]
+    failed = " ".join(d["res"].get("msg", "") for d in lab.events(runner, "runner_on_failed") if d["host"] == host)
+    assert "was not taken out of the pool" in failed and "0 of 1 other worker(s) take traffic" in failed, failed
+    assert smg["fake"] + " (circuit open)" in failed and "The server was not stopped" in failed, failed
+    assert "FAILED - RETRYING" in out and "wait until enough other workers take traffic" in out
+    summary = out.split("GPUFLEET SUMMARY", 1)[1]
+    assert host + ": failed in stop: sglang_router: " + worker_url(lab, host) + " was not taken out of the pool" in summary
+    assert "rollback: not_needed" in summary and "the old server still serves as before" in summary, summary
+    assert server_pid(lab, host) == pid and lab.wait_http(host, timeout_s=5) == 200
+    assert smg_pool(smg) == before  # nothing removed
+    assert smg["key"] not in out
+
+
+def test_smg_min_healthy_above_the_pool_refuses_at_once(lab, smg):
+    """gpufleet_router_min_healthy 2 while the pool lists one other worker: no wait can help, the removal is refused
+    at once (no retry lines) and the pool is as it was."""
+    host = smg["host"]
+    before = smg_pool(smg)
+    runner = lab.run_playbook("tests/integration/playbooks/router_roundtrip.yml", limit=host,
+                              extravars=smg_vars(smg, gpufleet_router_min_healthy=2))
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-3000:]
+    failed = " ".join(d["res"].get("msg", "") for d in lab.events(runner, "runner_on_failed"))
+    assert "(gpufleet_router_min_healthy 2)" in failed and "the pool lists only 1 other worker(s), not waited for" in failed
+    assert "The server was not stopped and stays in the pool" in failed, failed
+    assert "FAILED - RETRYING" not in out
+    assert smg_pool(smg) == before
+
+
+def test_smg_draining_entry_is_waited_out_before_the_add(lab, smg):
+    """smg lists a removed worker as status draining until its requests are done; a POST meanwhile answers 409 and
+    the entry then vanishes. Putting the worker back right after a removal waits the draining entry out, then adds
+    it: in the pool, ready, routed to."""
+    host, url = smg["host"], worker_url(lab, smg["host"])
+    old_id = smg_pool(smg)[url][0]
+    req = urllib.request.Request("%s/workers/%s" % (smg["url"], urllib.parse.quote(old_id, safe="")), method="DELETE",
+                                 headers={"Authorization": "Bearer " + smg["key"]})
+    assert urllib.request.urlopen(req, timeout=10).status == 202
+    assert smg_pool(smg)[url][1:] == (False, "draining")
+    runner = lab.run_playbook("tests/integration/playbooks/router_roundtrip.yml", limit=host,
+                              extravars=smg_vars(smg, router_steps=["present"]))
+    out = stdout_of(runner)
+    assert runner.status == "successful", out[-3000:]
+    waited = [d for d in lab.events(runner, "runner_on_ok")
+              if d["task"] == "Router - wait until the router has dropped a draining entry of the worker"]
+    added = [d for d in lab.events(runner, "runner_on_ok") if d["task"] == "Router - add the worker"]
+    assert waited and added  # both ran (runner_on_ok), not skipped
+    after = smg_pool(smg)
+    assert after[url][0] != old_id and after[url][1:] == (True, "ready"), after
+
+
+def test_smg_control_plane_key_and_duplicate_add(lab, smg):
+    """Item 5: smg's worker routes behind a control-plane key (not the data-plane --api-key): the role takes the
+    host out and puts it back with gpufleet_router_control_plane_key, which never shows in the output, an event or
+    any process's command line; a wrong key changes nothing; a duplicate POST answers 409 WORKER_ALREADY_EXISTS,
+    which the role takes for "present"."""
+    import threading
+    host, url = smg["host"], worker_url(lab, smg["host"])
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        lab_router.get_json(smg["url"] + "/workers", key="wrong")
+    assert denied.value.code == 401
+    before = smg_pool(smg)
+    runner = lab.run_playbook("tests/integration/playbooks/router_roundtrip.yml", limit=host,
+                              extravars=smg_vars(smg, gpufleet_router_control_plane_key="wrong"))
+    assert runner.status == "failed"
+    failed = " ".join(d["res"].get("msg", "") for d in lab.events(runner, "runner_on_failed"))
+    assert "answered 401" in failed and "gpufleet_router_control_plane_key" in failed and "Nothing was changed" in failed
+    assert smg_pool(smg) == before
+
+    seen, stop = [], threading.Event()
+
+    def watch():  # the key must never be in a command line (ps) while the play runs
+        while not stop.is_set():
+            for pid in os.listdir("/proc"):
+                try:
+                    with open("/proc/%s/cmdline" % pid, "rb") as fh:
+                        if smg["key"].encode() in fh.read():
+                            seen.append(pid)
+                except OSError:
+                    pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        # min_healthy 0: the failing worker's circuit is open, so the pool check would (rightly) refuse
+        runner = lab.run_playbook("tests/integration/playbooks/router_roundtrip.yml", limit=host,
+                                  extravars=smg_vars(smg, gpufleet_router_min_healthy=0))
+    finally:
+        stop.set()
+        watcher.join()
+    out = stdout_of(runner)
+    assert runner.status == "successful", out[-4000:]
+    router_pid = json.load(open(os.path.join(lab.lab_dir, "router-smg.json")))["pid"]
+    assert set(seen) <= {str(router_pid)}, seen  # only smg itself, started with --control-plane-api-keys
+    assert smg["key"] not in out and all(smg["key"] not in json.dumps(ev) for ev in runner.events)
+    [routed] = [d["res"]["msg"] for d in lab.events(runner, "runner_on_ok", "debug")
+                if d["task"] == "Router - say that the router routes to the worker"]
+    assert routed == url + " takes traffic (circuit closed)", routed
+    after = smg_pool(smg)
+    assert after[url][0] != before[url][0] and after[url][1:] == (True, "ready")
+
+    req = urllib.request.Request(smg["url"] + "/workers", data=json.dumps({"url": url}).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer " + smg["key"]})
+    with pytest.raises(urllib.error.HTTPError) as dup:
+        urllib.request.urlopen(req, timeout=10)
+    body = dup.value.read().decode()
+    assert dup.value.code == 409 and json.loads(body)["code"] == "WORKER_ALREADY_EXISTS"
+    spec = importlib.util.spec_from_file_location("gpufleet_router_filter", os.path.join(ROOT, "plugins", "filter",
+                                                                                       "gpufleet_router.py"))
+    filters = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(filters)
+    # the role's POST task registers uri's result: status, the parsed json and the raw content
+    assert filters.gpufleet_router_add_outcome({"status": 409, "json": json.loads(body), "content": body}) == "present"
+    assert smg_pool(smg) == after  # the duplicate added nothing

@@ -551,7 +551,7 @@ def lab_netns_pids(names):
 def cmd_down(args):
     names = Names(args.lab_dir)
     import lab_router  # the router lab_router.py started for this lab runs outside the lab's namespaces
-    lab_router.stop(names.lab_dir)
+    lab_router.stop_all(names.lab_dir)
     state = load_state(names) or {}
     pids = {h.get(key) for h in state.get("hosts", []) for key in ("init_pid", "nspawn_pid") if h.get(key)}
     pids = {p for p in pids if _lab_init_of(names, p)} | set(lab_init_pids(names))

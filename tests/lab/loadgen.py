@@ -8,7 +8,7 @@ A request counts as failed when it raises (connection refused or reset, timeout)
 than 200, or its body is not what SGLang sends: a JSON object with ``text`` for a plain request; for
 ``"stream": true`` server-sent events ``data: {json with text}`` ending with ``data: [DONE]``.
 Result: ``{"total_requests", "failed_requests", "streamed", "seconds", "errors": {cause: count}, "samples":
-[first failures, at most 10]}``. Prints ``failed_requests=N total_requests=M``.
+[first failures, at most 10], "first_failure_s", "last_failure_s"}`` (seconds from the start; None without failures). Prints ``failed_requests=N total_requests=M``.
 """
 import argparse
 import http.client
@@ -31,9 +31,13 @@ class LoadGen:
         self.errors, self.samples = {}, []
         self._threads = []
         self._t0 = None
+        self.first_failure_s = self.last_failure_s = None
 
     def _fail(self, cause, detail=""):
         with self._lock:
+            t = time.time() - self._t0
+            self.first_failure_s = t if self.first_failure_s is None else self.first_failure_s
+            self.last_failure_s = t
             self.failed += 1
             self.errors[cause] = self.errors.get(cause, 0) + 1
             if len(self.samples) < 10:
@@ -114,7 +118,9 @@ class LoadGen:
         with self._lock:
             return {"total_requests": self.total, "failed_requests": self.failed, "streamed": self.streamed,
                     "seconds": round(time.time() - self._t0, 1), "errors": dict(self.errors),
-                    "samples": list(self.samples)}
+                    "samples": list(self.samples),
+                    "first_failure_s": None if self.first_failure_s is None else round(self.first_failure_s, 1),
+                    "last_failure_s": None if self.last_failure_s is None else round(self.last_failure_s, 1)}
 
 
 def run(url, **kw):
