@@ -76,7 +76,7 @@ def test_restart_with_api_key_never_shows_it_and_the_server_demands_it(lab):
         assert ("--api-key " + key) in " ".join(cmdline(lab, host, new))
         # ... and verify's generation went through with the bearer.
         verified = [d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_process")
-                    if d["host"] == host and "Generate once, read every GPU worker" in d.get("task", "")]
+                    if d["host"] == host and "in a burst, read every GPU worker" in d.get("task", "")]
         assert verified and verified[0]["generate"]["status"] == 200, verified
         # The key is a no_log option: where the result carries the task's arguments (ansible-core 2.19; 2.21 leaves
         # them out), they show it masked.

@@ -55,7 +55,7 @@ def test_the_fast_host_of_a_batch_is_verified_while_the_slow_one_still_loads(lab
         assert runner.status == "successful", out[-4000:]
         events = list(runner.events)
         fast_verified = [i for i in rolling(events, "runner_on_ok", fast, "sglang_process")
-                         if "Generate once, read every GPU worker" in events[i]["event_data"].get("task", "")]
+                         if "in a burst, read every GPU worker" in events[i]["event_data"].get("task", "")]
         slow_ready = [i for i in rolling(events, "runner_on_ok", slow, "sglang_process")
                       if events[i]["event_data"]["res"].get("ready")]
         assert fast_verified and slow_ready, out[-4000:]

@@ -302,7 +302,8 @@ def test_wait_fails_at_once_on_na_memory_hang_and_handle_error(lab):
         undo()
     assert took < 30  # the hung host did not hold the run for its 60 s
     ok, r = res[h[0]]
-    assert not ok and r["error_class"] == "field_unavailable" and "memory.used reads '[N/A]'" in r["msg"]
+    assert not ok and r["error_class"] == "field_unavailable"
+    assert "memory.used unreadable (nvidia-smi reads '[N/A]')" in r["msg"], r["msg"]
     assert r["msg"].startswith("GPU 0 (GPU-")
     ok, r = res[h[1]]
     assert not ok and r["error_class"] == "timeout" and "did not answer within" in r["msg"]

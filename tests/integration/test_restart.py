@@ -100,7 +100,7 @@ def test_restart_replaces_every_server_and_nccl_values_reach_every_worker(lab):
     # the module's own view agrees, per worker
     # (verify's one call, sglang_process state=verified: the generation, the workers' environ, the socket's owner)
     verify = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_process")
-              if "Generate once, read every GPU worker" in d.get("task", "")}
+              if "in a burst, read every GPU worker" in d.get("task", "")}
     assert sorted(verify) == sorted(lab.hosts)
     assert all(r["workers"]["all_match"] and r["workers"]["worker_count"] == 8 for r in verify.values())
     assert all(r["generate"]["status"] == 200 and r["generate"]["json"]["text"] for r in verify.values())
@@ -430,7 +430,7 @@ def test_launch_failure_shows_log_tail_and_names_the_full_log(lab):
         assert "The old server is stopped and no new one serves" in out
         # verify never ran (its one call is sglang_process state=verified), and the stop did run
         assert not [d for d in lab.events(runner, "runner_on_ok", "sglang_process")
-                    if d["host"] == host and "Generate once, read every GPU worker" in d.get("task", "")]
+                    if d["host"] == host and "in a burst, read every GPU worker" in d.get("task", "")]
         assert [d for d in real_stops(lab, runner) if d["host"] == host]
     finally:
         lab.clear_faults(host)
