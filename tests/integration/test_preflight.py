@@ -557,6 +557,11 @@ def start_shm_holder(lab, host, title, mib):
 def drop_shm_holder(lab, host, pid):
     lab.exec(host, ["kill", "-KILL", str(pid)])
     lab.exec(host, ["rm", "-f", "/dev/shm/sgl_shm_preflight_live", "/dev/shm/sgl_shm_preflight_live.ready"])
+    # tmpfs frees an unlinked segment only once its holder is gone: a SIGKILL is not instant under load, and the
+    # next holder's 700 MiB would not fit until then (seen in CI).
+    deadline = time.time() + 20
+    while time.time() < deadline and lab.exec(host, ["kill", "-0", str(pid)]).returncode == 0:
+        time.sleep(0.1)
 
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
