@@ -261,7 +261,8 @@ def test_prober_sees_a_server_go_away_and_come_back():
     srv.server_close()
     d = bench.downtime_from_samples(p.samples["h"])
     assert d["gaps"] == 1 and d["open"] is None
-    assert d["last_ok"] <= t_down and d["first_ok_after"] >= t_up
+    # A probe that read its clock just before t_up may connect just after the listen: 0.2 ms seen in CI.
+    assert d["last_ok"] <= t_down and d["first_ok_after"] >= t_up - 0.05
     assert 0.45 <= d["downtime_s"] < 3.0
     assert len(p.samples["h"]) > 20
 
