@@ -333,3 +333,47 @@ def test_a_router_and_a_bench_client_of_the_service_user_survive_a_restart_while
         assert lab.wait_http(host, timeout_s=5) == 200
     finally:
         lab.exec(host, ["kill", "-KILL", str(router), str(client), str(leftover)])
+
+
+PWNED = 'ExecStartPre=+/bin/sh -c "id > /tmp/pwned"'
+
+
+def test_values_that_would_become_unit_directives_are_refused_before_any_host_is_touched(systemd_lab):
+    """Issue 31: -e sglang_service_user with a line break became an ExecStartPre=+ that systemd ran as root. The
+    command-line guard refuses it (and a newline in sglang_state_dir or sglang_host, a path with '..') naming the
+    variable, with the value escaped, under --check --diff too, before any host is touched; preflight alone refuses
+    it as well (the role on its own is safe)."""
+    lab = systemd_lab
+    host = lab.hosts[0]
+    state = lab.host_vars(host)["sglang_state_dir"]
+    lab.exec(host, ["rm", "-f", "/tmp/pwned"], check=True)
+    pid = ensure_serving(lab, host)
+    unit_before = lab.exec(host, ["cat", UNIT_PATH], check=True).stdout
+    cases = [  # (extra vars, check mode, what the refusal shows)
+        ({"sglang_service_user": "sglang\n" + PWNED}, False, "sglang_service_user='sglang\\n" + PWNED + "'"),
+        ({"sglang_service_user": "sglang\n" + PWNED}, True, "sglang_service_user='sglang\\n" + PWNED + "'"),
+        ({"sglang_state_dir": state + "\n" + PWNED}, False, "sglang_state_dir='%s\\nExecStartPre=" % state),
+        ({"sglang_host": "0.0.0.0\n[Service]\n" + PWNED}, True, "sglang_host='0.0.0.0\\n[Service]\\nExecStartPre="),
+        ({"sglang_launch_log_file": state + "/../../../tmp/pwned"}, False,
+         "sglang_launch_log_file='%s/../../../tmp/pwned' is not a normalised path" % state),
+    ]
+    for extra, check, shown in cases:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, **extra), limit=host, check=check, diff=check)
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-3000:]
+        assert shown in out and "refused" in out and "Nothing was changed." in out, out[-3000:]
+        # Only the command-line play ran (controller-only tasks): no task reached the host, no diff was shown.
+        plays = {(e.get("event_data") or {}).get("play", "") for e in runner.events if e.get("event") == "runner_on_ok"}
+        assert plays and all(p.startswith("Check the command line") for p in plays), plays
+        # The line break is shown escaped, never raw: no output line starts with the injected directive.
+        assert not [line for line in out.splitlines() if line.lstrip().startswith(("ExecStartPre", "[Service]"))]
+        assert "--- before" not in out
+    # The role alone (no guard): preflight's variable check refuses it the same way, before its first host task.
+    alone = lab.run_module("ansible.builtin.include_role", "name=sglang_preflight tasks_from=variables",
+                           hosts=host, extravars={"sglang_service_user": "sglang\n" + PWNED})
+    [failed] = lab.events(alone, "runner_on_failed")
+    assert "sglang_service_user='sglang\\n" + PWNED + "' holds a control character (\\n): refused" in " ".join(failed["res"]["msg"])
+    # The host: the same unit file, the same server serving, nothing ran as root.
+    assert lab.exec(host, ["cat", UNIT_PATH], check=True).stdout == unit_before
+    assert main_pid(lab, host) == pid and lab.wait_http(host, timeout_s=5) == 200
+    assert lab.exec(host, ["test", "-e", "/tmp/pwned"]).returncode == 1
