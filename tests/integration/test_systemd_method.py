@@ -377,3 +377,33 @@ def test_values_that_would_become_unit_directives_are_refused_before_any_host_is
     assert lab.exec(host, ["cat", UNIT_PATH], check=True).stdout == unit_before
     assert main_pid(lab, host) == pid and lab.wait_http(host, timeout_s=5) == 200
     assert lab.exec(host, ["test", "-e", "/tmp/pwned"]).returncode == 1
+
+
+def test_the_unit_filters_are_read_back_by_systemd_as_written(systemd_lab):
+    """systemd_value/systemd_path (plugins/filter/gpufleet.py) against the host's real systemd: a throwaway unit
+    with %, $, quotes and a backslash in Description=, specifier-looking paths in WorkingDirectory=,
+    EnvironmentFile= and StandardOutput=append: reads back (systemctl show, the file echo wrote) exactly as given."""
+    from plugins.filter import gpufleet as f
+    lab = systemd_lab
+    host = lab.hosts[-1]
+    name, base = "gpufleet-roundtrip.service", "/tmp/gpufleet-rt-%n$x"
+    values = {"Description": "SGLang 100% $HOME %n 'q' \"d\" a\\b", "WorkingDirectory": base,
+              "EnvironmentFile": base + "/k%i.env", "StandardOutput": base + "/out%H.log"}
+    text = ("[Unit]\nDescription=%s\n[Service]\nType=oneshot\nUser=%s\nWorkingDirectory=%s\nEnvironmentFile=%s\n"
+            "StandardOutput=append:%s\nExecStart=/bin/echo written\n" % (
+                f.systemd_value(values["Description"], "Description"), f.systemd_value("sglang", "User", "user"),
+                f.systemd_path(values["WorkingDirectory"], "w"), f.systemd_path(values["EnvironmentFile"], "e"),
+                f.systemd_path(values["StandardOutput"], "s")))
+    lab.exec(host, ["sh", "-c", 'mkdir -p "$1" && touch "$1/k%i.env" && chmod 0777 "$1"', "sh", base], check=True)
+    lab.exec(host, ["sh", "-c", 'cat > "/etc/systemd/system/$1"', "sh", name], input=text, check=True)
+    try:
+        lab.systemctl(host, "daemon-reload")
+        props = lab.unit_props(host, "Description", "User", "WorkingDirectory", "EnvironmentFiles", unit=name)
+        assert props["Description"] == values["Description"] and props["User"] == "sglang"
+        assert props["WorkingDirectory"] == base
+        assert props["EnvironmentFiles"] == values["EnvironmentFile"] + " (ignore_errors=no)"
+        assert lab.systemctl(host, "start", name).returncode == 0
+        assert lab.exec(host, ["cat", values["StandardOutput"]], check=True).stdout == "written\n"
+    finally:
+        lab.exec(host, ["rm", "-rf", "/etc/systemd/system/" + name, base])
+        lab.systemctl(host, "daemon-reload")
