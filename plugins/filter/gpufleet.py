@@ -31,6 +31,7 @@ _RESERVED_FLAGS = ("host", "port")
 # Characters that need no quoting in a systemd command line (after % and $ doubling).
 _SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./$-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_OTHER_CONTROLS = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def _scalar_text(flag, value):
@@ -101,6 +102,9 @@ def _systemd_escape_body(text):
     # (systemd.unit(5)) and "$" an environment substitution, so both are doubled to stay literal.
     out = text.replace("\\", "\\\\").replace('"', '\\"')
     out = out.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    # Every other C0 control and DEL as \xNN (systemd unescapes it), so no raw control byte reaches the unit file;
+    # the command-line guard refuses them in launch values anyway (issue 31).
+    out = _OTHER_CONTROLS.sub(lambda m: "\\x%02x" % ord(m.group()), out)
     return out.replace("%", "%%")
 
 

@@ -382,7 +382,8 @@ def test_values_that_would_become_unit_directives_are_refused_before_any_host_is
 def test_the_unit_filters_are_read_back_by_systemd_as_written(systemd_lab):
     """systemd_value/systemd_path (plugins/filter/gpufleet.py) against the host's real systemd: a throwaway unit
     with %, $, quotes and a backslash in Description=, specifier-looking paths in WorkingDirectory=,
-    EnvironmentFile= and StandardOutput=append: reads back (systemctl show, the file echo wrote) exactly as given."""
+    EnvironmentFile= and StandardOutput=append:, control bytes in Environment= and ExecStart= reads back
+    (systemctl show, the file echo wrote) exactly as given."""
     from plugins.filter import gpufleet as f
     lab = systemd_lab
     host = lab.hosts[-1]
@@ -390,20 +391,24 @@ def test_the_unit_filters_are_read_back_by_systemd_as_written(systemd_lab):
     values = {"Description": "SGLang 100% $HOME %n 'q' \"d\" a\\b", "WorkingDirectory": base,
               "EnvironmentFile": base + "/k%i.env", "StandardOutput": base + "/out%H.log"}
     text = ("[Unit]\nDescription=%s\n[Service]\nType=oneshot\nUser=%s\nWorkingDirectory=%s\nEnvironmentFile=%s\n"
-            "StandardOutput=append:%s\nExecStart=/bin/echo written\n" % (
+            "StandardOutput=append:%s\nEnvironment=%s\nExecStart=/bin/echo %s\n" % (
                 f.systemd_value(values["Description"], "Description"), f.systemd_value("sglang", "User", "user"),
                 f.systemd_path(values["WorkingDirectory"], "w"), f.systemd_path(values["EnvironmentFile"], "e"),
-                f.systemd_path(values["StandardOutput"], "s")))
+                f.systemd_path(values["StandardOutput"], "s"), f.systemd_env_assignment("a\x1bb\x7f%n", "X"),
+                f.systemd_quote("wri\x1btten")))
+    assert not [c for c in text if ord(c) < 0x20 and c != "\n"]  # control bytes only as escapes
     lab.exec(host, ["sh", "-c", 'mkdir -p "$1" && touch "$1/k%i.env" && chmod 0777 "$1"', "sh", base], check=True)
     lab.exec(host, ["sh", "-c", 'cat > "/etc/systemd/system/$1"', "sh", name], input=text, check=True)
     try:
         lab.systemctl(host, "daemon-reload")
-        props = lab.unit_props(host, "Description", "User", "WorkingDirectory", "EnvironmentFiles", unit=name)
+        props = lab.unit_props(host, "Description", "User", "WorkingDirectory", "EnvironmentFiles", "Environment",
+                               unit=name)
         assert props["Description"] == values["Description"] and props["User"] == "sglang"
         assert props["WorkingDirectory"] == base
         assert props["EnvironmentFiles"] == values["EnvironmentFile"] + " (ignore_errors=no)"
+        assert props["Environment"] == '"X=a\\033b\\177%n"'  # systemctl shows the real bytes in octal
         assert lab.systemctl(host, "start", name).returncode == 0
-        assert lab.exec(host, ["cat", values["StandardOutput"]], check=True).stdout == "written\n"
+        assert lab.exec(host, ["cat", values["StandardOutput"]], check=True).stdout == "wri\x1btten\n"
     finally:
         lab.exec(host, ["rm", "-rf", "/etc/systemd/system/" + name, base])
         lab.systemctl(host, "daemon-reload")
