@@ -7,7 +7,8 @@ touched (plugins/filter/gpufleet_values.py ``gpufleet_unit_value_report``), agai
 the roles resolved (``gpufleet_unit_value_problems``), and when the unit is rendered (plugins/filter/gpufleet.py
 ``systemd_value``/``systemd_path`` raise on what should have been refused). Stdlib only.
 
-Facts used (systemd 252, the lab's and Debian bookworm's; the same in 255):
+Facts used (systemd 252, Debian bookworm's and the lab's; tests/integration/test_systemd_method.py reads a unit
+written by these filters back through it):
 
 - systemd.syntax(7): a line ending in a backslash continues on the next line; white space at both ends of a
   value is dropped. So a line break (or a trailing backslash) in a value is a new directive, and a value with
@@ -38,7 +39,7 @@ from collections.abc import Mapping
 
 # POSIX user names (IEEE Std 1003.1, 3.437: the portable filename characters A-Z a-z 0-9 . _ -, no leading -),
 # starting with a letter or _ (an all-digit name is a uid to systemd's User=), 32 at most as useradd takes them.
-# systemd's User= takes these (dots and capitals with its relaxed check, e.g. LDAP's first.last). A trailing "$"
+# systemd's User= takes these (dots with its relaxed check, e.g. LDAP's first.last). A trailing "$"
 # (Samba machine accounts) is refused: no service user is one, and "$" is an expansion in command lines.
 USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\Z")
 # A unit name (systemd.unit(5): letters, digits, ":", "-", "_", ".", "\\"; "@" before an instance) ending .service.
