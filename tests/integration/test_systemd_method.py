@@ -333,3 +333,82 @@ def test_a_router_and_a_bench_client_of_the_service_user_survive_a_restart_while
         assert lab.wait_http(host, timeout_s=5) == 200
     finally:
         lab.exec(host, ["kill", "-KILL", str(router), str(client), str(leftover)])
+
+
+PWNED = 'ExecStartPre=+/bin/sh -c "id > /tmp/pwned"'
+
+
+def test_values_that_would_become_unit_directives_are_refused_before_any_host_is_touched(systemd_lab):
+    """Issue 31: -e sglang_service_user with a line break became an ExecStartPre=+ that systemd ran as root. The
+    command-line guard refuses it (and a newline in sglang_state_dir or sglang_host, a path with '..') naming the
+    variable, with the value escaped, under --check --diff too, before any host is touched; preflight alone refuses
+    it as well (the role on its own is safe)."""
+    lab = systemd_lab
+    host = lab.hosts[0]
+    state = lab.host_vars(host)["sglang_state_dir"]
+    lab.exec(host, ["rm", "-f", "/tmp/pwned"], check=True)
+    pid = ensure_serving(lab, host)
+    unit_before = lab.exec(host, ["cat", UNIT_PATH], check=True).stdout
+    cases = [  # (extra vars, check mode, what the refusal shows)
+        ({"sglang_service_user": "sglang\n" + PWNED}, False, "sglang_service_user='sglang\\n" + PWNED + "'"),
+        ({"sglang_service_user": "sglang\n" + PWNED}, True, "sglang_service_user='sglang\\n" + PWNED + "'"),
+        ({"sglang_state_dir": state + "\n" + PWNED}, False, "sglang_state_dir='%s\\nExecStartPre=" % state),
+        ({"sglang_host": "0.0.0.0\n[Service]\n" + PWNED}, True, "sglang_host='0.0.0.0\\n[Service]\\nExecStartPre="),
+        ({"sglang_launch_log_file": state + "/../../../tmp/pwned"}, False,
+         "sglang_launch_log_file='%s/../../../tmp/pwned' is not a normalised path" % state),
+    ]
+    for extra, check, shown in cases:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, **extra), limit=host, check=check, diff=check)
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-3000:]
+        assert shown in out and "refused" in out and "Nothing was changed." in out, out[-3000:]
+        # Only the command-line play ran (controller-only tasks): no task reached the host, no diff was shown.
+        plays = {(e.get("event_data") or {}).get("play", "") for e in runner.events if e.get("event") == "runner_on_ok"}
+        assert plays and all(p.startswith("Check the command line") for p in plays), plays
+        # The line break is shown escaped, never raw: no output line starts with the injected directive.
+        assert not [line for line in out.splitlines() if line.lstrip().startswith(("ExecStartPre", "[Service]"))]
+        assert "--- before" not in out
+    # The role alone (no guard): preflight's variable check refuses it the same way, before its first host task.
+    alone = lab.run_module("ansible.builtin.include_role", "name=sglang_preflight tasks_from=variables",
+                           hosts=host, extravars={"sglang_service_user": "sglang\n" + PWNED})
+    [failed] = lab.events(alone, "runner_on_failed")
+    assert "sglang_service_user='sglang\\n" + PWNED + "' holds a control character (\\n): refused" in " ".join(failed["res"]["msg"])
+    # The host: the same unit file, the same server serving, nothing ran as root.
+    assert lab.exec(host, ["cat", UNIT_PATH], check=True).stdout == unit_before
+    assert main_pid(lab, host) == pid and lab.wait_http(host, timeout_s=5) == 200
+    assert lab.exec(host, ["test", "-e", "/tmp/pwned"]).returncode == 1
+
+
+def test_the_unit_filters_are_read_back_by_systemd_as_written(systemd_lab):
+    """systemd_value/systemd_path (plugins/filter/gpufleet.py) against the host's real systemd: a throwaway unit
+    with %, $, quotes and a backslash in Description=, specifier-looking paths in WorkingDirectory=,
+    EnvironmentFile= and StandardOutput=append:, control bytes in Environment= and ExecStart= reads back
+    (systemctl show, the file echo wrote) exactly as given."""
+    from plugins.filter import gpufleet as f
+    lab = systemd_lab
+    host = lab.hosts[-1]
+    name, base = "gpufleet-roundtrip.service", "/tmp/gpufleet-rt-%n$x"
+    values = {"Description": "SGLang 100% $HOME %n 'q' \"d\" a\\b", "WorkingDirectory": base,
+              "EnvironmentFile": base + "/k%i.env", "StandardOutput": base + "/out%H.log"}
+    text = ("[Unit]\nDescription=%s\n[Service]\nType=oneshot\nUser=%s\nWorkingDirectory=%s\nEnvironmentFile=%s\n"
+            "StandardOutput=append:%s\nEnvironment=%s\nExecStart=/bin/echo %s\n" % (
+                f.systemd_value(values["Description"], "Description"), f.systemd_value("sglang", "User", "user"),
+                f.systemd_path(values["WorkingDirectory"], "w"), f.systemd_path(values["EnvironmentFile"], "e"),
+                f.systemd_path(values["StandardOutput"], "s"), f.systemd_env_assignment("a\x1bb\x7f%n", "X"),
+                f.systemd_quote("wri\x1btten")))
+    assert not [c for c in text if ord(c) < 0x20 and c != "\n"]  # control bytes only as escapes
+    lab.exec(host, ["sh", "-c", 'mkdir -p "$1" && touch "$1/k%i.env" && chmod 0777 "$1"', "sh", base], check=True)
+    lab.exec(host, ["sh", "-c", 'cat > "/etc/systemd/system/$1"', "sh", name], input=text, check=True)
+    try:
+        lab.systemctl(host, "daemon-reload")
+        props = lab.unit_props(host, "Description", "User", "WorkingDirectory", "EnvironmentFiles", "Environment",
+                               unit=name)
+        assert props["Description"] == values["Description"] and props["User"] == "sglang"
+        assert props["WorkingDirectory"] == base
+        assert props["EnvironmentFiles"] == values["EnvironmentFile"] + " (ignore_errors=no)"
+        assert props["Environment"] == '"X=a\\033b\\177%n"'  # systemctl shows the real bytes in octal
+        assert lab.systemctl(host, "start", name).returncode == 0
+        assert lab.exec(host, ["cat", values["StandardOutput"]], check=True).stdout == "wri\x1btten\n"
+    finally:
+        lab.exec(host, ["rm", "-rf", "/etc/systemd/system/" + name, base])
+        lab.systemctl(host, "daemon-reload")

@@ -69,6 +69,8 @@ def _systemd_split(line):
             assert line[i + 1] == "$", "unescaped variable in %r" % line
             cur.append("$"); i += 2; inword = True; continue
         if c == "\\":
+            if line[i + 1] == "x":
+                cur.append(chr(int(line[i + 2:i + 4], 16))); i += 4; continue
             cur.append({"n": "\n", "t": "\t", "r": "\r"}.get(line[i + 1], line[i + 1])); i += 2; continue
         if c == '"':
             quoted = not quoted; inword = True; i += 1; continue
@@ -84,11 +86,12 @@ def _systemd_split(line):
 
 @pytest.mark.parametrize("word", [
     "/opt/sglang/bin/python", "--model-path", "/models/with space/m", 'say "hi"', "back\\slash",
-    "100%", "$HOME", "${X}", "", ";", "tab\tnew\nline", "it's", "{\"a\":1}",
+    "100%", "$HOME", "${X}", "", ";", "tab\tnew\nline", "it's", "{\"a\":1}", "esc\x1b[31m\x7f\x0b\x0c",
 ])
 def test_systemd_quote_round_trips(word):
     quoted = f.systemd_quote(word)
     assert _systemd_split(quoted) == [word]
+    assert not [c for c in quoted if ord(c) < 0x20 or ord(c) == 0x7f]  # no raw control byte in the unit
 
 
 def test_systemd_quote_leaves_plain_words_bare_and_doubles_specifiers():
