@@ -579,6 +579,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_loc
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (
     worker_env_options, candidate_pids, inspect_workers, worker_report)
 # The start and the port check are shared with sglang_stop's start_after (module_utils gpufleet_spawn).
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module, redact_text
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_spawn import (
     WILDCARDS, describe_listeners, log_size, port_listeners, start_server, write_file_atomic)
 
@@ -625,7 +626,8 @@ def log_tail(path, lines, offset=0):
     """Last ``lines`` lines of ``path`` after byte ``offset`` (this launch's part), undecodable bytes replaced.
 
     Reads at most the last 64 KiB; "" if unreadable. An offset past the end (the log was truncated or
-    rotated since) reads from the start.
+    rotated since) reads from the start. Secrets are redacted (SGLang logs its API keys in ``server_args``);
+    a line the 64 KiB window cuts is left out, so no key is shown without the name that marks it.
     """
     try:
         with open(path, "rb") as handle:
@@ -633,11 +635,14 @@ def log_tail(path, lines, offset=0):
             size = handle.tell()
             if offset > size:
                 offset = 0
-            handle.seek(max(offset, size - 64 * 1024))
+            start = max(offset, size - 64 * 1024)
+            handle.seek(start)
             data = handle.read()
     except OSError:
         return ""
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+    if start > offset:
+        data = data.partition(b"\n")[2]
+    return redact_text("\n".join(data.decode("utf-8", "replace").splitlines()[-lines:]))
 
 
 def read_exit_record(exit_file, pid):
@@ -1312,6 +1317,7 @@ def main():
                      ("state", "recorded", ["record", "record_file"])],
         supports_check_mode=True,
     )
+    redact_module(module)  # no API key in any result, message or warning (issue 31)
     p = module.params
     if p["exit_file"] is None and p["pid_file"]:
         p["exit_file"] = p["pid_file"] + ".exit"

@@ -94,8 +94,9 @@ def test_build_env_overrides_and_removes():
 
 def test_api_key_reaches_the_process_argv_but_never_the_task_result(tmp_path, capsys):
     key = "sk-gpufleet-unit-7f3a9c"
-    # The "server" echoes its last two arguments and dies, so the failure message quotes the log tail.
-    code = "import sys;print('server_args api_key=' + ' '.join(sys.argv[-2:]), flush=True);sys.exit(2)"
+    # The "server" echoes its last two arguments and the key alone, and dies, so the failure message quotes the log
+    # tail: the redaction (gpufleet_redact) hides the flag's value, Ansible's no_log masking the bare key.
+    code = "import sys;print('started with ' + ' '.join(sys.argv[-2:]), sys.argv[-1], flush=True);sys.exit(2)"
     from ansible.module_utils.testing import patch_module_args
     with patch_module_args({"argv": [sys.executable, "-c", code], "api_key": key,
                             "log_file": str(tmp_path / "s.log"), "pid_file": str(tmp_path / "s.pid"),
@@ -103,9 +104,9 @@ def test_api_key_reaches_the_process_argv_but_never_the_task_result(tmp_path, ca
         with pytest.raises(SystemExit):
             proc_mod.main()
     out = capsys.readouterr().out
-    assert (tmp_path / "s.log").read_text().split() == ["server_args", "api_key=--api-key", key]
+    assert (tmp_path / "s.log").read_text().split() == ["started", "with", "--api-key", key, key]
     result = json.loads(out)
-    assert result["failed"] and "api_key=--api-key" in out, "the log tail is part of the failure"
+    assert result["failed"] and "started with --api-key ********" in result["log_tail"], "the tail is in the failure"
     assert key not in out, "the no_log api_key must be masked in the module's JSON result"
     assert "--api-key" not in result["argv"]
 
@@ -806,3 +807,20 @@ def test_a_port_holder_whose_title_is_padded_reads_as_one_line(monkeypatch):
 
     monkeypatch.setattr(spawn.psutil, "Process", Proc)
     assert spawn._describe_pid(4242) == ("root", "python3 stray_listener.py")
+
+
+def test_log_tail_redacts_keys_and_leaves_out_a_line_its_window_cuts(tmp_path):
+    key = "sk-" + "k" * 40
+    log = tmp_path / "s.log"
+    # The last 64 KiB begin in the middle of the key of a 0.5.23 server_args line: its name is cut off.
+    prefix = "server_args={'api_key': '"
+    cut = prefix + key + "'}\n"
+    last = "server_args=ServerArgs(api_key='%s', port=1)\n" % key
+    filler_len = 64 * 1024 - len(cut) + len(prefix) + len(key) // 2 - len(last)
+    filler = ("filler line\n" * (filler_len // 12 + 1))[:filler_len - 1] + "\n"
+    log.write_text(cut + filler + last)
+    assert log.stat().st_size - 64 * 1024 == len(prefix) + len(key) // 2
+    tail = proc_mod.log_tail(str(log), 5)
+    assert key not in tail and "k" * 10 not in tail
+    assert tail.splitlines()[-1] == "server_args=ServerArgs(api_key='********', port=1)"
+    assert "k" * 10 not in proc_mod.log_tail(str(log), 100000)
