@@ -44,7 +44,7 @@ description:
     right before a systemd start); changes nothing."
   - "O(state=recorded): writes O(record) (a mapping: what a rollback needs to start this server again, the
     C(sglang_launch) role's launch record) as JSON (4-space indent, sorted keys) to O(record_file) atomically
-    (a temporary file in the same directory, fsync, rename; mode 0644), in one module call where
+    (a temporary file in the same directory, fsync, rename; mode 0640), in one module call where
     C(ansible.builtin.copy) makes three round trips (stat, file transfer, copy). RV(changed) when the file's
     text differs or the lock below was released. Fails, changing nothing, when the directory is missing or not
     writable. With O(lock_dir), the restart lock O(lock_owner) holds is released right after the record is
@@ -93,7 +93,10 @@ options:
     description: Working directory of the process.
     type: path
   log_file:
-    description: File that receives stdout and stderr (appended; created with mode 0640). Required for V(started).
+    description:
+      - File that receives stdout and stderr (appended). Required for V(started).
+      - "Created with mode 0640; an existing one loses its group-write and other bits (SGLang logs its API key
+        there)."
     type: path
   log_offset:
     description: With V(ready), byte offset in O(log_file) where this launch's lines begin (RV(log_offset) of the start).

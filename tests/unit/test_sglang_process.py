@@ -561,7 +561,7 @@ def test_recorded_writes_the_record_atomically_and_only_when_it_changes(tmp_path
                           capsys)
     assert rc == 0 and result["changed"] and result["record_file"] == str(path)
     assert json.loads(path.read_text()) == record and path.read_text().endswith("}\n")
-    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert oct(path.stat().st_mode & 0o777) == "0o640"  # owner and group only (issue 31)
     assert result["diff"]["before"] == "" and json.loads(result["diff"]["after"]) == record
     assert [p.name for p in tmp_path.iterdir()] == ["launch.json"]  # no temporary file left
     rc, result = run_main({"state": "recorded", "record_file": str(path), "record": record}, capsys)
@@ -824,3 +824,20 @@ def test_log_tail_redacts_keys_and_leaves_out_a_line_its_window_cuts(tmp_path):
     assert key not in tail and "k" * 10 not in tail
     assert tail.splitlines()[-1] == "server_args=ServerArgs(api_key='********', port=1)"
     assert "k" * 10 not in proc_mod.log_tail(str(log), 100000)
+
+
+def test_the_server_log_is_created_0640_and_an_older_0644_log_is_tightened(tmp_path):
+    fresh, old = tmp_path / "fresh.log", tmp_path / "old.log"
+    old.write_text("server_args=ServerArgs(api_key='k')\n")
+    old.chmod(0o666)
+    for log in (fresh, old):
+        spawn.start_detached(["/bin/true"], {"PATH": "/bin:/usr/bin"}, str(tmp_path), str(log)).wait()
+        assert oct(log.stat().st_mode & 0o777) == "0o640", log
+    assert old.read_text().startswith("server_args"), "the old lines are kept (appended)"
+
+
+def test_state_files_are_written_0640(tmp_path):
+    spawn.write_pid_file(str(tmp_path / "s.pid"), 4242)
+    spawn.write_file_atomic(str(tmp_path / "launch.json"), "{}\n")
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()} == {
+        "s.pid": "0o640", "launch.json": "0o640"}
