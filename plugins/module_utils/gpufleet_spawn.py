@@ -24,7 +24,7 @@ try:
 except ImportError:  # reported by the calling module with missing_required_lib("psutil")
     psutil = None
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv, redact_text
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv
 
 REAPER_COMM = b"gpufleet-reaper"
 WILDCARDS = ("0.0.0.0", "::", "")
