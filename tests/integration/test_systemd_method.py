@@ -6,7 +6,9 @@ test_preflight/test_api_key run here through a real systemd: happy path and seco
 on start rolled back, an orphaned worker taken by the unit's cgroup, a foreign GPU holder refused in
 preflight, the API key. Assertions read the host itself (``systemctl show``, /proc, the unit file, HTTP).
 """
+import json
 import os
+import secrets
 import shlex
 import time
 
@@ -222,20 +224,37 @@ def test_foreign_gpu_holder_is_refused_in_preflight_and_the_unit_keeps_serving(s
         lab.exec(host, ["kill", "-KILL", str(holder)])
 
 
-def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_demands_it(systemd_lab):
+def files_holding(root, text):
+    """Every file under ``root`` (controller side) whose bytes hold ``text``."""
+    found = []
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as handle:
+                if text.encode() in handle.read():
+                    found.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return sorted(found)
+
+
+def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_demands_it(systemd_lab, tmp_path):
+    # Issue 31 too: a keyed restart over the keyed server (-vvv), check.yml and a failed keyed launch rolled back
+    # leave the key in no artifact, report or file of the state dir but the root-only key file and the 0640 log.
     lab = systemd_lab
     host = lab.hosts[0]
-    key = "sk-systemd-lab-7c1e"
+    key = "sk-systemd-lab-" + secrets.token_hex(16)
     state = lab.host_vars(host)["sglang_state_dir"]
+    log, key_file = state + "/sglang.log", state + "/sglang-api-key.env"
     runner = restart(lab, limit=host, sglang_api_key=key)
+    runners = [runner]
     try:
         out = stdout_of(runner)
         assert runner.status == "successful", out[-4000:]
         assert key not in out
         unit = lab.exec(host, ["cat", UNIT_PATH], check=True).stdout
-        assert key not in unit and "EnvironmentFile=%s/sglang-api-key.env" % state in unit
-        st = lab.exec(host, ["stat", "-c", "%a %U", "%s/sglang-api-key.env" % state], check=True).stdout.split()
+        assert key not in unit and "EnvironmentFile=%s" % key_file in unit
+        st = lab.exec(host, ["stat", "-c", "%a %U", key_file], check=True).stdout.split()
         assert st == ["600", "root"]
+        # systemd creates the log under UMask=0027 (root:root 0640: it opens append: before dropping to User=).
+        assert lab.unit_props(host, "UMask")["UMask"] == "0027"
         code = ("import urllib.request, urllib.error, sys\n"
                 "req = urllib.request.Request('http://%s:30000/v1/models', headers=dict(sys.argv[1:2] and "
                 "[('Authorization', 'Bearer ' + sys.argv[1])]))\n"
@@ -244,10 +263,43 @@ def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_dema
         python = lab.host_vars(host)["sglang_python"]
         assert lab.exec(host, [python, "-c", code]).stdout.strip() == "401"
         assert lab.exec(host, [python, "-c", code, key]).stdout.strip() == "200"
+        # A log an earlier release left world-readable is tightened before the next start.
+        lab.exec(host, ["chmod", "0644", log], check=True)
+        again = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key), limit=host, cmdline="-vvv")
+        assert again.status == "successful", stdout_of(again)[-4000:]
+        runners.append(again)
+        listeners = [d["res"]["port"]["listeners"] for d in lab.events(again, "runner_on_ok", "sglang_host_info")
+                     if (d.get("res") or {}).get("port")]
+        assert listeners and "--api-key ********" in json.dumps(listeners), listeners  # read, redacted
+        report = tmp_path / "report"
+        check = lab.run_playbook("playbooks/check.yml", limit=host, extravars={
+            "gpufleet_report_dir": str(report), "gpufleet_textfile_dir": "{{ lab_host_dir }}/textfile"})
+        assert check.status == "successful", stdout_of(check)[-4000:]
+        runners.append(check)
+        args = dict(lab.host_vars(host)["sglang_launch_args"], **{"max-running-requests": 77})
+        lab.fault(host, crash_with_arg="--max-running-requests")
+        try:
+            failed = restart(lab, limit=host, sglang_api_key=key, sglang_launch_args=args)
+        finally:
+            lab.clear_faults(host)
+        assert failed.status == "failed" and "Journal of sglang.service" in stdout_of(failed)
+        runners.append(failed)
+        # Rolled back: the previous keyed server serves again.
+        assert lab.wait_http(host, timeout_s=30) == 200
+        assert lab.exec(host, [python, "-c", code, key]).stdout.strip() == "200"
+        for run in runners:
+            assert files_holding(run.config.artifact_dir, key) == [], run.config.artifact_dir
+        assert files_holding(str(report), key) == []
+        held = lab.exec(host, ["grep", "-rlF", "--", key, state, lab.host_vars(host)["lab_host_dir"] + "/textfile"])
+        assert sorted(held.stdout.split()) == sorted([key_file, log])  # SGLang logs server_args with the key
+        assert key not in lab.exec(host, ["journalctl", "--no-pager", "-o", "cat"]).stdout
+        modes = {p: lab.exec(host, ["stat", "-c", "%a", state + "/" + p], check=True).stdout.strip()
+                 for p in ("sglang.log", "launch.json")}
+        assert modes == {"sglang.log": "640", "launch.json": "640"}, modes
     finally:
         back = restart(lab, limit=host)  # without the key: the file goes, the server takes no key
         assert back.status == "successful", stdout_of(back)[-4000:]
-    assert lab.exec(host, ["test", "-e", "%s/sglang-api-key.env" % state]).returncode == 1
+    assert lab.exec(host, ["test", "-e", key_file]).returncode == 1
 
 
 def test_root_login_runs_no_sudo_and_the_unit_still_runs_as_the_service_user(systemd_lab):

@@ -156,6 +156,7 @@ def test_unit_template_execstart_round_trips_the_argv_and_carries_env_user_killm
     assert "User=sglang" in lines and "KillMode=control-group" in lines and "TimeoutStopSec=60s" in lines
     assert "Restart=no" in lines and "SuccessExitStatus=137 SIGKILL" in lines
     assert "StandardOutput=append:/var/lib/gpufleet/sglang.log" in lines
+    assert "UMask=0027" in lines  # the log systemd creates is owner and group only (issue 31)
 
 
 def test_unit_template_stop_timeout_is_the_stop_grace_and_restart_policy_is_bounded():
