@@ -49,6 +49,10 @@ UNIT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9:_.-]*(@[A-Za-z0-9:_.-]+)?\.serv
 COMMAND_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*\Z")
 HOST_LABEL = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
 PATH_MAX = 4095
+# An RFC 6750 bearer token (b64token: ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/", then "="s): what the
+# Authorization header carries and what the key file's one NAME=value line can hold. \Z, not $: "$" also matches
+# before a final new line, and a new line in the key adds a line (a variable such as LD_PRELOAD=) to that file.
+BEARER_TOKEN = re.compile(r"^[A-Za-z0-9._~+/-]+=*\Z")
 
 # variable -> rule, the variables a user sets (inventory, AWX survey, -e) that end up in the unit, in a root
 # command or as a path the roles write as root.
@@ -71,6 +75,7 @@ VARIABLES = {
     "sglang_nccl_env": "env",
     "sglang_launch_extra_env": "env",
     "sglang_launch_args": "args",
+    "sglang_api_key": "secret",
 }
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\", "'": "\\'"}
@@ -258,7 +263,16 @@ def nested_problems(name, value):
     return problems
 
 
-_RULES = {"path": path_problem, "user": user_problem, "unit_name": unit_name_problem, "host": host_problem}
+def secret_problem(name, value):
+    """The problem (str) of a secret that is not one bearer token (:data:`BEARER_TOKEN`), else None. The message
+    never shows the value, not even escaped: a refused key is still somebody's key."""
+    if BEARER_TOKEN.match(str(value)):
+        return None
+    return ("%s must be one bearer token: letters, digits and . _ ~ + / - with optional trailing = (no spaces, "
+            "quotes or line breaks); the value is not shown here" % name)
+
+
+_RULES = {"secret": secret_problem, "path": path_problem, "user": user_problem, "unit_name": unit_name_problem, "host": host_problem}
 
 
 def value_problems(name, value, rule=None, systemd=True):
@@ -296,7 +310,7 @@ def unit_value_problems(values, names=None):
         if isinstance(first, str) and any(first.startswith(r) for r in refused):
             continue
         found = value_problems(name, value, systemd=systemd)
-        if found and isinstance(first, str) and first:
+        if found and isinstance(first, str) and first and VARIABLES.get(name) != "secret":
             refused.append(first)
         problems += found
     return problems

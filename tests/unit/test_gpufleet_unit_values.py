@@ -332,3 +332,28 @@ def test_the_unit_is_not_rendered_with_a_value_the_guard_refuses(field, value):
     name = "sglang_host" if field == "_sglang_launch_host" else field
     with pytest.raises(AnsibleFilterError, match="^%s" % name):
         render_unit(**{field: value})
+
+
+# --- the API key: one bearer token, never shown --------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["sk-gpufleet-0123abcd", "a.b_c~d+e/f-g==", "K"])
+def test_a_bearer_token_key_passes(key):
+    assert uv.value_problems("sglang_api_key", key) == []
+
+
+@pytest.mark.parametrize("key", ["sk-1\n", "sk-1\nLD_PRELOAD=/tmp/x.so", "sk 1", "sk'1", 'sk"1', "sk-1=x", "sk\t1",
+                                 "sk-1\u2028"])
+def test_a_key_that_is_no_bearer_token_is_refused_and_never_shown(key):
+    [problem] = uv.value_problems("sglang_api_key", key)
+    assert problem.startswith("sglang_api_key must be one bearer token") and "not shown" in problem
+    secret = key.split("\n")[0].split()[0].split("'")[0].split('"')[0]
+    assert secret not in problem.replace("sglang_api_key", "")
+    assert uv.escape(key) not in problem
+
+
+def test_the_guard_refuses_a_key_with_a_line_break_without_showing_it():
+    key = "sk-unique-7f3a\nLD_PRELOAD=/tmp/x.so"
+    report = fv.gpufleet_unit_value_report({"a": _HostVars(sglang_api_key=key)}, ["a"])
+    assert len(report) == 1 and report[0].startswith("sglang_api_key must be one bearer token")
+    assert "sk-unique-7f3a" not in report[0] and "LD_PRELOAD" not in report[0]
+    assert fv.gpufleet_unit_value_report({"a": _HostVars(sglang_api_key="sk-unique-7f3a")}, ["a"]) == []
