@@ -82,6 +82,29 @@ def parse_extra(values):
     return out
 
 
+def secrets_on_command_line(values):
+    """Names of secret variables (``*api_key``) given a value inline in ``-e`` (``KEY=VALUE`` or a JSON/YAML
+    mapping), sorted. Such a value sits in this command's own argv, which every user of the controller reads
+    with ``ps``; ``-e @FILE`` (mode 0600) or the vaulted inventory keep it out. Unparsable items are skipped:
+    :func:`parse_extra` reports them."""
+    import yaml
+    names = set()
+    for item in values or []:
+        if item.startswith("@"):
+            continue
+        if item.lstrip().startswith("{"):
+            try:
+                data = yaml.safe_load(item)
+            except yaml.YAMLError:
+                continue
+            pairs = data.items() if isinstance(data, dict) else []
+        else:
+            key, eq, value = item.partition("=")
+            pairs = [(key.strip(), value)] if eq else []
+        names.update(str(k) for k, v in pairs if str(k).lower().endswith("api_key") and v not in (None, ""))
+    return sorted(names)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="gpufleet", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -431,6 +454,11 @@ def run(args, out=None, err=None):
 def main(argv=None):
     args = build_parser().parse_args(argv)
     start = time.monotonic()
+    inline = secrets_on_command_line(getattr(args, "extra_vars", None))
+    if inline:
+        print("gpufleet %s: WARNING: %s given inline with -e is in this command's argv, which every user of this "
+              "machine can read (ps); pass it as -e @FILE (a 0600 file) or keep it vaulted in the inventory"
+              % (args.command, ", ".join(inline)), file=sys.stderr)
     try:
         report = run(args)
     except UsageError as exc:

@@ -419,3 +419,20 @@ def test_the_cancel_message_says_what_happens_to_the_playbook():
     buf = io.StringIO()
     cli._say_cancelling(Console(file=buf, width=400), None)
     assert "has not started a task yet" in buf.getvalue() and "nothing was changed" in buf.getvalue()
+
+
+def test_a_key_given_inline_is_named_for_a_warning_and_a_file_or_an_empty_key_is_not(tmp_path):
+    f = tmp_path / "key.yml"
+    f.write_text("sglang_api_key: sk-file\n")
+    assert cli.secrets_on_command_line(["sglang_api_key=sk-1", '{"gpufleet_router_api_key": "sk-2", "a": 1}',
+                                        "@%s" % f, "sglang_port=30000"]) == ["gpufleet_router_api_key",
+                                                                            "sglang_api_key"]
+    assert cli.secrets_on_command_line(["@%s" % f, "sglang_api_key=", "{not yaml: [", "novalue"]) == []
+
+
+def test_main_warns_on_stderr_when_a_key_is_on_its_command_line_without_echoing_it(tmp_path, capsys):
+    assert cli.main(["check", "-i", "/nonexistent/inv", "--artifacts-dir", str(tmp_path),
+                     "-e", "sglang_api_key=sk-visible-in-ps"]) == 2
+    err = capsys.readouterr().err
+    assert "WARNING: sglang_api_key given inline with -e" in err and "-e @FILE" in err
+    assert "sk-visible-in-ps" not in err
