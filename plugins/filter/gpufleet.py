@@ -6,6 +6,8 @@ tests/unit/test_filter_gpufleet.py.
 - ``sglang_argv(launch_args, launcher, host, port)`` → list of str: the argv that starts SGLang.
 - ``systemd_quote(word)`` → str: one argv element quoted for a systemd ``ExecStart=`` line.
 - ``systemd_env_assignment(value, name)`` → str: one ``Environment=`` value (``"NAME=value"``), escaped.
+- ``systemd_value(value, name, rule=None)`` → str: a one-value setting (Description=, User=) as systemd reads it back.
+- ``systemd_path(value, name)`` → str: a path setting (WorkingDirectory=, EnvironmentFile=, StandardOutput=append:).
 - ``gpufleet_lock_owner(run_id)`` → dict: who takes a host lock (run id, controller host, pid, user).
 - ``gpufleet_summary_table(rows)`` → str: the fixed-width restart summary.
 """
@@ -19,6 +21,7 @@ import re
 import socket
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_unit_values import command_problem, systemd_setting
 
 # SGLang flag names are argparse long options: letters, digits, dashes (e.g. "tp-size",
 # "speculative-draft-model-path"); underscores are accepted for users who copy Python attribute names.
@@ -28,6 +31,7 @@ _RESERVED_FLAGS = ("host", "port")
 # Characters that need no quoting in a systemd command line (after % and $ doubling).
 _SYSTEMD_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./$-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_OTHER_CONTROLS = re.compile(r"[\x01-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def _scalar_text(flag, value):
@@ -50,13 +54,18 @@ def sglang_argv(launch_args, launcher, host="127.0.0.1", port=30000):
     ``launcher``: argv prefix (list of str), e.g. ``[python, -m, sglang.launch_server]``.
     ``host``/``port`` are appended as ``--host``/``--port``.
 
-    Raises AnsibleFilterError for a launcher that is not a non-empty list, a flag name that is not an
+    Raises AnsibleFilterError for a launcher that is not a non-empty list or whose first word is neither an
+    absolute, normalised path nor a command name (module_utils gpufleet_unit_values), a flag name that is not an
     option name, or ``host``/``port`` inside launch_args (use sglang_host / sglang_port).
     """
     if isinstance(launcher, str) or not isinstance(launcher, (list, tuple)) or not launcher:
         raise AnsibleFilterError("sglang_launcher must be a non-empty list of strings (argv prefix), got %r"
                                  % (launcher,))
     argv = [str(part) for part in launcher]
+    # ExecStart= reads a leading + - @ : ! of its first word as a prefix (+ runs it as root), before any quote.
+    problem = command_problem("sglang_launcher[0]", argv[0])
+    if problem:
+        raise AnsibleFilterError(problem)
     if launch_args is None:
         launch_args = {}
     if not isinstance(launch_args, dict):
@@ -93,6 +102,9 @@ def _systemd_escape_body(text):
     # (systemd.unit(5)) and "$" an environment substitution, so both are doubled to stay literal.
     out = text.replace("\\", "\\\\").replace('"', '\\"')
     out = out.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    # Every other C0 control and DEL as \xNN (systemd unescapes it), so no raw control byte reaches the unit file;
+    # the command-line guard refuses them in launch values anyway (issue 31).
+    out = _OTHER_CONTROLS.sub(lambda m: "\\x%02x" % ord(m.group()), out)
     return out.replace("%", "%%")
 
 
@@ -127,6 +139,26 @@ def systemd_env_assignment(value, name):
     if "\x00" in text:
         raise AnsibleFilterError("value of %s contains a NUL byte" % key)
     return '"%s=%s"' % (key, _systemd_escape_body(text))
+
+
+def systemd_value(value, name, rule=None):
+    """One value of a one-value unit setting (``Description=``, ``User=``) written so that systemd reads back
+    exactly ``value``: ``%`` doubled (specifiers, systemd.unit(5)). ``name``: the variable, for the error.
+    ``rule``: also check the value as a ``user``, ``host``, ``unit_name`` or ``path``
+    (plugins/module_utils/gpufleet_unit_values.py). Raises AnsibleFilterError, naming ``name``, for a control
+    character, a trailing backslash, white space at an end, or a value that breaks ``rule``: the command-line
+    guard and preflight refuse those before any host is touched, so this error means a role ran on its own.
+    """
+    try:
+        return systemd_setting(value, name, rule)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def systemd_path(value, name):
+    """A path for ``WorkingDirectory=``, ``EnvironmentFile=`` or ``StandardOutput=append:``: absolute and
+    normalised, no backslash, quote, white space or glob character, ``%`` doubled (see :func:`systemd_value`)."""
+    return systemd_value(value, name, "path")
 
 
 def gpufleet_lock_owner(run_id):
@@ -217,6 +249,8 @@ class FilterModule(object):
             "sglang_argv": sglang_argv,
             "systemd_quote": systemd_quote,
             "systemd_env_assignment": systemd_env_assignment,
+            "systemd_value": systemd_value,
+            "systemd_path": systemd_path,
             "gpufleet_lock_owner": gpufleet_lock_owner,
             "gpufleet_lock_holder_gone": gpufleet_lock_holder_gone,
             "gpufleet_summary_table": gpufleet_summary_table,

@@ -65,7 +65,7 @@ class _Guard(object):
 
     def __enter__(self):
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o640)  # state files: owner and group (issue 31)
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except OSError as exc:
             if self.fd is not None:
@@ -158,7 +158,7 @@ def _write_record(lock_dir, record):
         with open(tmp, "w") as handle:
             json.dump(record, handle, indent=2, sort_keys=True)
             handle.write("\n")
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, 0o640)  # state files: owner and group only (issue 31)
         os.replace(tmp, path)  # readers see the old or the new record, never half of one
     except OSError as exc:
         try:

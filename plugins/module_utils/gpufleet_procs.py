@@ -19,6 +19,8 @@ import fnmatch
 import os
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv, redact_text
+
 try:
     import psutil
     HAS_PSUTIL = True
@@ -162,43 +164,6 @@ def holder_kind(paths, name, gpu_indices):
     if gpu_indices or any(gpu_minor_of_path(p) is not None for p in paths):
         return "gpu"
     return "shared_only"
-
-
-# SGLang takes its API keys only on the command line (--api-key, --admin-api-key; FIELD-NOTES), so every process
-# listing this project returns would carry them into task results, AWX job events and -v output.
-SECRET_FLAGS = ("--api-key", "--admin-api-key")
-REDACTED = "********"
-_SECRET_RE = re.compile(r"(--(?:admin-)?api-key)(=|\s+)(\S+)")
-
-
-def redact_argv(argv):
-    """``argv`` (list of str) with the value of each secret flag (:data:`SECRET_FLAGS`, as ``--flag VALUE`` or
-    ``--flag=VALUE``) replaced by ``********``; other arguments unchanged. None stays None."""
-    if argv is None:
-        return None
-    out, hide_next = [], False
-    for arg in argv:
-        if hide_next:
-            out.append(REDACTED)
-            hide_next = False
-            continue
-        flag, eq, _value = arg.partition("=")
-        if flag in SECRET_FLAGS:
-            if eq:
-                out.append(flag + "=" + REDACTED)
-            else:
-                out.append(arg)
-                hide_next = True
-            continue
-        out.append(arg)
-    return out
-
-
-def redact_text(text):
-    """A command line joined into one str, with secret flag values replaced as :func:`redact_argv` does."""
-    if not text:
-        return text
-    return _SECRET_RE.sub(lambda m: m.group(1) + m.group(2) + REDACTED, text)
 
 
 def process_info(pid):

@@ -24,7 +24,7 @@ try:
 except ImportError:  # reported by the calling module with missing_required_lib("psutil")
     psutil = None
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import redact_argv
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv
 
 REAPER_COMM = b"gpufleet-reaper"
 WILDCARDS = ("0.0.0.0", "::", "")
@@ -46,8 +46,15 @@ def build_env(env, inherit, base=None):
     return result
 
 
-def write_file_atomic(path, text, mode=0o644):
-    """Write ``text`` to ``path`` atomically (temporary file in the same directory, fsync, rename)."""
+# gpufleet's state files (pid file, exit file, launch.json) are for the user who runs the server and its group only
+# (issue 31): they name the server's argv and environment.
+STATE_FILE_MODE = 0o640
+# SGLang logs its API keys (server_args, 0.5.23 entrypoints/engine.py): the server log is owner (and group) only.
+LOG_FILE_MODE = 0o640
+
+
+def write_file_atomic(path, text, mode=STATE_FILE_MODE):
+    """Write ``text`` to ``path`` atomically (temporary file in the same directory, fsync, rename), ``mode`` 0640."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".sglang-", dir=directory)
     try:
@@ -84,13 +91,28 @@ def with_api_key(argv, api_key):
     return list(argv) + (["--api-key", api_key] if api_key else [])
 
 
+def tighten_log_mode(fd):
+    """Take group write and every bit for others off the open file ``fd`` (a log an earlier release created 0644);
+    a file this user does not own is left as it is (os.fchmod: EPERM). Returns the mode the file has now."""
+    mode = os.fstat(fd).st_mode & 0o7777
+    if mode & ~LOG_FILE_MODE & 0o777:
+        try:
+            os.fchmod(fd, mode & LOG_FILE_MODE)
+            mode &= LOG_FILE_MODE
+        except PermissionError:
+            pass
+    return mode
+
+
 def start_detached(argv, env, chdir, log_file):
-    """Start ``argv`` in a new session, stdin /dev/null, stdout+stderr appended to ``log_file``.
+    """Start ``argv`` in a new session, stdin /dev/null, stdout+stderr appended to ``log_file`` (created 0640, an
+    existing one tightened to 0640 or stricter: SGLang writes its API keys there).
 
     Returns the subprocess.Popen. Raises OSError (missing executable, bad chdir) from Popen.
     """
-    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, LOG_FILE_MODE)
     try:
+        tighten_log_mode(log_fd)
         with open(os.devnull, "rb") as devnull:
             return subprocess.Popen(argv, stdin=devnull, stdout=log_fd, stderr=subprocess.STDOUT,
                                     cwd=chdir, env=env, close_fds=True, start_new_session=True)

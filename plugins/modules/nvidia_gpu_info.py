@@ -390,6 +390,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_kmsg import DEFAULT_KMSG_PATH, xid_report
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
 
 # Failures after which the kernel log is worth reading into the message.
 _XID_ON_FAIL = {"driver_not_loaded", "driver_mismatch", "no_devices", "fewer_gpus", "gpu_lost",
@@ -524,6 +525,7 @@ def main():
         ),
         supports_check_mode=True,
     )
+    redact_module(module)  # no API key in any result, message or warning (issue 31)
     params = module.params
     try:
         fields = resolve_fields(params["fields"])

@@ -241,6 +241,7 @@ gpus:
 import gc
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_wait import (  # noqa: F401 -- re-exported
     WAIT_OPTIONS,
     run_wait,
@@ -251,6 +252,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_wait i
 
 def main():
     module = AnsibleModule(argument_spec=dict(WAIT_OPTIONS), supports_check_mode=True)
+    redact_module(module)  # no API key in any result, message or warning (issue 31)
     wait_or_fail(module, module.params)
 
 

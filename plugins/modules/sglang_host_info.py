@@ -450,7 +450,8 @@ import stat
 import sys
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import KNOWN_MONITORS, redact_argv
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import KNOWN_MONITORS
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv, redact_module
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_launch_record
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_trust
@@ -963,6 +964,7 @@ def main():
         mutually_exclusive=[["pid_file", "systemd_unit"]],
         supports_check_mode=True,
     )
+    redact_module(module)  # no API key in any result, message or warning (issue 31)
     p = module.params
     if p["port"] is not None and not 0 < p["port"] < 65536:
         module.fail_json(msg="port must be between 1 and 65535, got %d" % p["port"])

@@ -44,7 +44,7 @@ description:
     right before a systemd start); changes nothing."
   - "O(state=recorded): writes O(record) (a mapping: what a rollback needs to start this server again, the
     C(sglang_launch) role's launch record) as JSON (4-space indent, sorted keys) to O(record_file) atomically
-    (a temporary file in the same directory, fsync, rename; mode 0644), in one module call where
+    (a temporary file in the same directory, fsync, rename; mode 0640), in one module call where
     C(ansible.builtin.copy) makes three round trips (stat, file transfer, copy). RV(changed) when the file's
     text differs or the lock below was released. Fails, changing nothing, when the directory is missing or not
     writable. With O(lock_dir), the restart lock O(lock_owner) holds is released right after the record is
@@ -93,7 +93,10 @@ options:
     description: Working directory of the process.
     type: path
   log_file:
-    description: File that receives stdout and stderr (appended; created with mode 0640). Required for V(started).
+    description:
+      - File that receives stdout and stderr (appended). Required for V(started).
+      - "Created with mode 0640; an existing one loses its group-write and other bits (SGLang logs its API key
+        there)."
     type: path
   log_offset:
     description: With V(ready), byte offset in O(log_file) where this launch's lines begin (RV(log_offset) of the start).
@@ -579,6 +582,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_loc
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (
     worker_env_options, candidate_pids, inspect_workers, worker_report)
 # The start and the port check are shared with sglang_stop's start_after (module_utils gpufleet_spawn).
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module, redact_text
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_spawn import (
     WILDCARDS, describe_listeners, log_size, port_listeners, start_server, write_file_atomic)
 
@@ -625,7 +629,8 @@ def log_tail(path, lines, offset=0):
     """Last ``lines`` lines of ``path`` after byte ``offset`` (this launch's part), undecodable bytes replaced.
 
     Reads at most the last 64 KiB; "" if unreadable. An offset past the end (the log was truncated or
-    rotated since) reads from the start.
+    rotated since) reads from the start. Secrets are redacted (SGLang logs its API keys in ``server_args``);
+    a line the 64 KiB window cuts is left out, so no key is shown without the name that marks it.
     """
     try:
         with open(path, "rb") as handle:
@@ -633,11 +638,14 @@ def log_tail(path, lines, offset=0):
             size = handle.tell()
             if offset > size:
                 offset = 0
-            handle.seek(max(offset, size - 64 * 1024))
+            start = max(offset, size - 64 * 1024)
+            handle.seek(start)
             data = handle.read()
     except OSError:
         return ""
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+    if start > offset:
+        data = data.partition(b"\n")[2]
+    return redact_text("\n".join(data.decode("utf-8", "replace").splitlines()[-lines:]))
 
 
 def read_exit_record(exit_file, pid):
@@ -1312,6 +1320,7 @@ def main():
                      ("state", "recorded", ["record", "record_file"])],
         supports_check_mode=True,
     )
+    redact_module(module)  # no API key in any result, message or warning (issue 31)
     p = module.params
     if p["exit_file"] is None and p["pid_file"]:
         p["exit_file"] = p["pid_file"] + ".exit"

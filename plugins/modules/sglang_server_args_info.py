@@ -268,6 +268,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang imp
     locate_package,
     read_sglang_version,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_args import (
     SglangArgsError,
     check_launch_args,
@@ -334,6 +335,7 @@ def main():
         required_if=[["mode", "help", ["python"]]],
         supports_check_mode=True,
     )
+    redact_module(module)  # no API key in any result, message or warning (issue 31)
     p = module.params
     if p["port"] is not None and not 0 < p["port"] < 65536:
         module.fail_json(msg="port must be between 1 and 65535, got %d" % p["port"])

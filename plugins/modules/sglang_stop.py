@@ -397,7 +397,8 @@ import time
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import redact_argv, sglang_bystander
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import sglang_bystander
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv, redact_module
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_wait
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_spawn
 
@@ -1101,6 +1102,7 @@ def main():
         required_by={"start_after": "gpu_wait"},
         supports_check_mode=True,
     )
+    redact_module(module)  # no API key in any result, message or warning (issue 31)
     if psutil is None:
         module.fail_json(msg=missing_required_lib("psutil"), exception=PSUTIL_IMPORT_ERROR)
     params = module.params

@@ -99,6 +99,7 @@ import re
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (  # noqa: F401 (re-exported)
     CLOBBERED_HINT, worker_env_options, candidate_pids, compare_env, inspect_workers, parse_environ, read_environ,
     worker_report)
@@ -122,6 +123,7 @@ def main():
         mutually_exclusive=[("pid", "pid_file")],
         supports_check_mode=True,
     )
+    redact_module(module)  # no API key in any result, message or warning (issue 31)
     if psutil is None:
         module.fail_json(msg=missing_required_lib("psutil"), exception=PSUTIL_IMPORT_ERROR)
     p = module.params

@@ -4,9 +4,12 @@ The lab stand-in enforces --api-key like SGLang 0.5.23 (srt/utils/auth.py): 401 
 "Authorization: Bearer <key>" on every path except /health*, /ready*, /metrics*. Asserted: restart.yml with
 the key as an extra var succeeds on one host (so verify's POST /generate sent the bearer), no ansible-runner
 event (stdout or event_data, as AWX stores them) contains the key, and the new server refuses a request
-without it; api-key inside sglang_launch_args is refused by preflight before anything is stopped.
+without it; api-key inside sglang_launch_args is refused by preflight before anything is stopped. Issue 31: a keyed
+restart over a keyed server, a failed keyed launch and check.yml leave the key in no artifact, report or state file
+but the server log, which is 0640.
 """
 import json
+import os
 import secrets
 
 import pytest
@@ -130,21 +133,77 @@ def test_preflight_refuses_api_key_in_launch_args_and_stops_nothing(lab):
     assert alive(lab, host, before), "preflight refused, yet the server was stopped"
 
 
+def files_holding(root, text):
+    """Every file under ``root`` (controller side) whose bytes hold ``text``."""
+    found = []
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as handle:
+                if text.encode() in handle.read():
+                    found.append(os.path.relpath(path, root))
+    return sorted(found)
+
+
+def host_files_holding(lab, host, directory, text):
+    """Every file under ``directory`` on ``host`` that holds ``text`` (grep -rlF, as the host's root)."""
+    res = lab.exec(host, ["grep", "-rlF", "--", text, directory])
+    return sorted(res.stdout.split())
+
+
+def mode_of(lab, host, path):
+    return int(lab.exec(host, ["stat", "-c", "%a", path], check=True).stdout.strip(), 8)
+
+
 @pytest.mark.lab_only_once
-def test_launch_failure_shows_the_log_tail_with_the_key_masked(lab):
+def test_the_key_is_in_no_artifact_report_or_state_file_only_in_the_0640_server_log(lab, tmp_path):
+    # Issue 31: a keyed restart over a keyed server (sglang_host_info read the listener's one-string title: the key
+    # was at event_data.res.port.listeners[0].cmdline[0]), check.yml against it, a failed keyed launch whose log
+    # tail is shown with the key masked.
     host = lab.hosts[0]
-    ensure_serving(lab, [host])
+    hv = lab.host_vars(host)
+    state = hv["sglang_state_dir"]
     key = "sk-gpufleet-" + secrets.token_hex(16)
-    lab.fault(host, crash_on_start=True)
+    keyed = dict(FAST, sglang_api_key=key)
+    runners = []
     try:
-        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key), limit=host)
-        assert runner.status == "failed"
-        [tail] = [d for d in lab.events(runner, "runner_on_ok", "debug")
+        for extra in ({}, {"cmdline": "-vvv"}):  # first keyed, then over the keyed server (verbose, as -vvv)
+            if extra:  # a log an earlier release left world-readable: the start tightens it
+                lab.exec(host, ["chmod", "0644", state + "/sglang.log"], check=True)
+            runner = lab.run_playbook(PLAYBOOK, extravars=keyed, limit=host, **extra)
+            assert runner.status == "successful", stdout_of(runner)[-3000:]
+            runners.append(runner)
+        pid = server_pid(lab, host)
+        assert ("--api-key " + key) in " ".join(cmdline(lab, host, pid)), "the keyed server serves"
+        listeners = [d["res"]["port"]["listeners"] for d in lab.events(runners[1], "runner_on_ok", "sglang_host_info")
+                     if d["host"] == host and (d.get("res") or {}).get("port")]
+        assert listeners and "--api-key ********" in json.dumps(listeners), listeners  # the title was read, redacted
+        report = tmp_path / "report"
+        check = lab.run_playbook("playbooks/check.yml", limit=host, extravars={
+            "gpufleet_report_dir": str(report), "gpufleet_textfile_dir": "{{ lab_host_dir }}/textfile"})
+        assert check.status == "successful", stdout_of(check)[-3000:]
+        assert sorted(os.listdir(report)) == ["check.html", "check.json"]
+        runners.append(check)
+        lab.fault(host, crash_on_start=True)
+        try:
+            failed = lab.run_playbook(PLAYBOOK, extravars=keyed, limit=host)
+        finally:
+            lab.clear_faults(host)
+        assert failed.status == "failed"
+        [tail] = [d["res"]["msg"] for d in lab.events(failed, "runner_on_ok", "debug")
                   if d["task"] == "Show the end of the server log"]
-        # The stand-in logs server_args like SGLang does, api_key included: shown masked.
-        assert any("api_key='********'" in line for line in tail["res"]["msg"]), tail["res"]["msg"]
-        assert [ev["event"] for ev in runner.events if key in json.dumps(ev)] == []
+        assert any("api_key='********'" in line for line in tail), tail  # the stand-in logs server_args as SGLang
+        runners.append(failed)
+        # Every artifact ansible-runner wrote (job_events/*.json, stdout, status, the command), every report.
+        for runner in runners:
+            assert files_holding(runner.config.artifact_dir, key) == [], runner.config.artifact_dir
+        assert files_holding(str(report), key) == []
+        assert host_files_holding(lab, host, hv["lab_host_dir"] + "/textfile", key) == []
+        # On the host: only the server log (SGLang logs server_args with the key), owner and group only.
+        log = state + "/sglang.log"
+        assert host_files_holding(lab, host, state, key) == [log]
+        modes = {name: mode_of(lab, host, state + "/" + name) for name in ("sglang.log", "sglang.pid", "launch.json")}
+        assert all(mode & 0o027 == 0 for mode in modes.values()), {k: oct(v) for k, v in modes.items()}
     finally:
-        lab.clear_faults(host)
         restore = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
         assert restore.status == "successful", stdout_of(restore)[-3000:]

@@ -8,6 +8,7 @@ preflight, the API key. Assertions read the host itself (``systemctl show``, /pr
 """
 import json
 import os
+import secrets
 import shlex
 import time
 
@@ -223,20 +224,37 @@ def test_foreign_gpu_holder_is_refused_in_preflight_and_the_unit_keeps_serving(s
         lab.exec(host, ["kill", "-KILL", str(holder)])
 
 
-def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_demands_it(systemd_lab):
+def files_holding(root, text):
+    """Every file under ``root`` (controller side) whose bytes hold ``text``."""
+    found = []
+    for dirpath, _dirs, names in os.walk(root):
+        for name in names:
+            with open(os.path.join(dirpath, name), "rb") as handle:
+                if text.encode() in handle.read():
+                    found.append(os.path.relpath(os.path.join(dirpath, name), root))
+    return sorted(found)
+
+
+def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_demands_it(systemd_lab, tmp_path):
+    # Issue 31 too: a keyed restart over the keyed server (-vvv), check.yml and a failed keyed launch rolled back
+    # leave the key in no artifact, report or file of the state dir but the root-only key file and the 0640 log.
     lab = systemd_lab
     host = lab.hosts[0]
-    key = "sk-systemd-lab-7c1e"
+    key = "sk-systemd-lab-" + secrets.token_hex(16)
     state = lab.host_vars(host)["sglang_state_dir"]
+    log, key_file = state + "/sglang.log", state + "/sglang-api-key.env"
     runner = restart(lab, limit=host, sglang_api_key=key)
+    runners = [runner]
     try:
         out = stdout_of(runner)
         assert runner.status == "successful", out[-4000:]
         assert key not in out
         unit = lab.exec(host, ["cat", UNIT_PATH], check=True).stdout
-        assert key not in unit and "EnvironmentFile=%s/sglang-api-key.env" % state in unit
-        st = lab.exec(host, ["stat", "-c", "%a %U", "%s/sglang-api-key.env" % state], check=True).stdout.split()
+        assert key not in unit and "EnvironmentFile=%s" % key_file in unit
+        st = lab.exec(host, ["stat", "-c", "%a %U", key_file], check=True).stdout.split()
         assert st == ["600", "root"]
+        # systemd creates the log under UMask=0027 (root:root 0640: it opens append: before dropping to User=).
+        assert lab.unit_props(host, "UMask")["UMask"] == "0027"
         code = ("import urllib.request, urllib.error, sys\n"
                 "req = urllib.request.Request('http://%s:30000/v1/models', headers=dict(sys.argv[1:2] and "
                 "[('Authorization', 'Bearer ' + sys.argv[1])]))\n"
@@ -245,10 +263,43 @@ def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_dema
         python = lab.host_vars(host)["sglang_python"]
         assert lab.exec(host, [python, "-c", code]).stdout.strip() == "401"
         assert lab.exec(host, [python, "-c", code, key]).stdout.strip() == "200"
+        # A log an earlier release left world-readable is tightened before the next start.
+        lab.exec(host, ["chmod", "0644", log], check=True)
+        again = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key), limit=host, cmdline="-vvv")
+        assert again.status == "successful", stdout_of(again)[-4000:]
+        runners.append(again)
+        listeners = [d["res"]["port"]["listeners"] for d in lab.events(again, "runner_on_ok", "sglang_host_info")
+                     if (d.get("res") or {}).get("port")]
+        assert listeners and "--api-key ********" in json.dumps(listeners), listeners  # read, redacted
+        report = tmp_path / "report"
+        check = lab.run_playbook("playbooks/check.yml", limit=host, extravars={
+            "gpufleet_report_dir": str(report), "gpufleet_textfile_dir": "{{ lab_host_dir }}/textfile"})
+        assert check.status == "successful", stdout_of(check)[-4000:]
+        runners.append(check)
+        args = dict(lab.host_vars(host)["sglang_launch_args"], **{"max-running-requests": 77})
+        lab.fault(host, crash_with_arg="--max-running-requests")
+        try:
+            failed = restart(lab, limit=host, sglang_api_key=key, sglang_launch_args=args)
+        finally:
+            lab.clear_faults(host)
+        assert failed.status == "failed" and "Journal of sglang.service" in stdout_of(failed)
+        runners.append(failed)
+        # Rolled back: the previous keyed server serves again.
+        assert lab.wait_http(host, timeout_s=30) == 200
+        assert lab.exec(host, [python, "-c", code, key]).stdout.strip() == "200"
+        for run in runners:
+            assert files_holding(run.config.artifact_dir, key) == [], run.config.artifact_dir
+        assert files_holding(str(report), key) == []
+        held = lab.exec(host, ["grep", "-rlF", "--", key, state, lab.host_vars(host)["lab_host_dir"] + "/textfile"])
+        assert sorted(held.stdout.split()) == sorted([key_file, log])  # SGLang logs server_args with the key
+        assert key not in lab.exec(host, ["journalctl", "--no-pager", "-o", "cat"]).stdout
+        modes = {p: lab.exec(host, ["stat", "-c", "%a", state + "/" + p], check=True).stdout.strip()
+                 for p in ("sglang.log", "launch.json")}
+        assert modes == {"sglang.log": "640", "launch.json": "640"}, modes
     finally:
         back = restart(lab, limit=host)  # without the key: the file goes, the server takes no key
         assert back.status == "successful", stdout_of(back)[-4000:]
-    assert lab.exec(host, ["test", "-e", "%s/sglang-api-key.env" % state]).returncode == 1
+    assert lab.exec(host, ["test", "-e", key_file]).returncode == 1
 
 
 def test_root_login_runs_no_sudo_and_the_unit_still_runs_as_the_service_user(systemd_lab):
@@ -453,3 +504,82 @@ def test_a_venv_site_packages_the_service_user_owns_is_refused_before_root_runs_
         lab.exec(host, ["chown", "root", site], check=True)
         lab.exec(host, ["rm", "-f", marker])
     assert lab.wait_http(host, timeout_s=5) == 200
+
+
+PWNED = 'ExecStartPre=+/bin/sh -c "id > /tmp/pwned"'
+
+
+def test_values_that_would_become_unit_directives_are_refused_before_any_host_is_touched(systemd_lab):
+    """Issue 31: -e sglang_service_user with a line break became an ExecStartPre=+ that systemd ran as root. The
+    command-line guard refuses it (and a newline in sglang_state_dir or sglang_host, a path with '..') naming the
+    variable, with the value escaped, under --check --diff too, before any host is touched; preflight alone refuses
+    it as well (the role on its own is safe)."""
+    lab = systemd_lab
+    host = lab.hosts[0]
+    state = lab.host_vars(host)["sglang_state_dir"]
+    lab.exec(host, ["rm", "-f", "/tmp/pwned"], check=True)
+    pid = ensure_serving(lab, host)
+    unit_before = lab.exec(host, ["cat", UNIT_PATH], check=True).stdout
+    cases = [  # (extra vars, check mode, what the refusal shows)
+        ({"sglang_service_user": "sglang\n" + PWNED}, False, "sglang_service_user='sglang\\n" + PWNED + "'"),
+        ({"sglang_service_user": "sglang\n" + PWNED}, True, "sglang_service_user='sglang\\n" + PWNED + "'"),
+        ({"sglang_state_dir": state + "\n" + PWNED}, False, "sglang_state_dir='%s\\nExecStartPre=" % state),
+        ({"sglang_host": "0.0.0.0\n[Service]\n" + PWNED}, True, "sglang_host='0.0.0.0\\n[Service]\\nExecStartPre="),
+        ({"sglang_launch_log_file": state + "/../../../tmp/pwned"}, False,
+         "sglang_launch_log_file='%s/../../../tmp/pwned' is not a normalised path" % state),
+    ]
+    for extra, check, shown in cases:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, **extra), limit=host, check=check, diff=check)
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-3000:]
+        assert shown in out and "refused" in out and "Nothing was changed." in out, out[-3000:]
+        # Only the command-line play ran (controller-only tasks): no task reached the host, no diff was shown.
+        plays = {(e.get("event_data") or {}).get("play", "") for e in runner.events if e.get("event") == "runner_on_ok"}
+        assert plays and all(p.startswith("Check the command line") for p in plays), plays
+        # The line break is shown escaped, never raw: no output line starts with the injected directive.
+        assert not [line for line in out.splitlines() if line.lstrip().startswith(("ExecStartPre", "[Service]"))]
+        assert "--- before" not in out
+    # The role alone (no guard): preflight's variable check refuses it the same way, before its first host task.
+    alone = lab.run_module("ansible.builtin.include_role", "name=sglang_preflight tasks_from=variables",
+                           hosts=host, extravars={"sglang_service_user": "sglang\n" + PWNED})
+    [failed] = lab.events(alone, "runner_on_failed")
+    assert "sglang_service_user='sglang\\n" + PWNED + "' holds a control character (\\n): refused" in " ".join(failed["res"]["msg"])
+    # The host: the same unit file, the same server serving, nothing ran as root.
+    assert lab.exec(host, ["cat", UNIT_PATH], check=True).stdout == unit_before
+    assert main_pid(lab, host) == pid and lab.wait_http(host, timeout_s=5) == 200
+    assert lab.exec(host, ["test", "-e", "/tmp/pwned"]).returncode == 1
+
+
+def test_the_unit_filters_are_read_back_by_systemd_as_written(systemd_lab):
+    """systemd_value/systemd_path (plugins/filter/gpufleet.py) against the host's real systemd: a throwaway unit
+    with %, $, quotes and a backslash in Description=, specifier-looking paths in WorkingDirectory=,
+    EnvironmentFile= and StandardOutput=append:, control bytes in Environment= and ExecStart= reads back
+    (systemctl show, the file echo wrote) exactly as given."""
+    from plugins.filter import gpufleet as f
+    lab = systemd_lab
+    host = lab.hosts[-1]
+    name, base = "gpufleet-roundtrip.service", "/tmp/gpufleet-rt-%n$x"
+    values = {"Description": "SGLang 100% $HOME %n 'q' \"d\" a\\b", "WorkingDirectory": base,
+              "EnvironmentFile": base + "/k%i.env", "StandardOutput": base + "/out%H.log"}
+    text = ("[Unit]\nDescription=%s\n[Service]\nType=oneshot\nUser=%s\nWorkingDirectory=%s\nEnvironmentFile=%s\n"
+            "StandardOutput=append:%s\nEnvironment=%s\nExecStart=/bin/echo %s\n" % (
+                f.systemd_value(values["Description"], "Description"), f.systemd_value("sglang", "User", "user"),
+                f.systemd_path(values["WorkingDirectory"], "w"), f.systemd_path(values["EnvironmentFile"], "e"),
+                f.systemd_path(values["StandardOutput"], "s"), f.systemd_env_assignment("a\x1bb\x7f%n", "X"),
+                f.systemd_quote("wri\x1btten")))
+    assert not [c for c in text if ord(c) < 0x20 and c != "\n"]  # control bytes only as escapes
+    lab.exec(host, ["sh", "-c", 'mkdir -p "$1" && touch "$1/k%i.env" && chmod 0777 "$1"', "sh", base], check=True)
+    lab.exec(host, ["sh", "-c", 'cat > "/etc/systemd/system/$1"', "sh", name], input=text, check=True)
+    try:
+        lab.systemctl(host, "daemon-reload")
+        props = lab.unit_props(host, "Description", "User", "WorkingDirectory", "EnvironmentFiles", "Environment",
+                               unit=name)
+        assert props["Description"] == values["Description"] and props["User"] == "sglang"
+        assert props["WorkingDirectory"] == base
+        assert props["EnvironmentFiles"] == values["EnvironmentFile"] + " (ignore_errors=no)"
+        assert props["Environment"] == '"X=a\\033b\\177%n"'  # systemctl shows the real bytes in octal
+        assert lab.systemctl(host, "start", name).returncode == 0
+        assert lab.exec(host, ["cat", values["StandardOutput"]], check=True).stdout == "wri\x1btten\n"
+    finally:
+        lab.exec(host, ["rm", "-rf", "/etc/systemd/system/" + name, base])
+        lab.systemctl(host, "daemon-reload")

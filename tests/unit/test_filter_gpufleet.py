@@ -69,6 +69,8 @@ def _systemd_split(line):
             assert line[i + 1] == "$", "unescaped variable in %r" % line
             cur.append("$"); i += 2; inword = True; continue
         if c == "\\":
+            if line[i + 1] == "x":
+                cur.append(chr(int(line[i + 2:i + 4], 16))); i += 4; continue
             cur.append({"n": "\n", "t": "\t", "r": "\r"}.get(line[i + 1], line[i + 1])); i += 2; continue
         if c == '"':
             quoted = not quoted; inword = True; i += 1; continue
@@ -84,11 +86,12 @@ def _systemd_split(line):
 
 @pytest.mark.parametrize("word", [
     "/opt/sglang/bin/python", "--model-path", "/models/with space/m", 'say "hi"', "back\\slash",
-    "100%", "$HOME", "${X}", "", ";", "tab\tnew\nline", "it's", "{\"a\":1}",
+    "100%", "$HOME", "${X}", "", ";", "tab\tnew\nline", "it's", "{\"a\":1}", "esc\x1b[31m\x7f\x0b\x0c",
 ])
 def test_systemd_quote_round_trips(word):
     quoted = f.systemd_quote(word)
     assert _systemd_split(quoted) == [word]
+    assert not [c for c in quoted if ord(c) < 0x20 or ord(c) == 0x7f]  # no raw control byte in the unit
 
 
 def test_systemd_quote_leaves_plain_words_bare_and_doubles_specifiers():
@@ -153,6 +156,7 @@ def test_unit_template_execstart_round_trips_the_argv_and_carries_env_user_killm
     assert "User=sglang" in lines and "KillMode=control-group" in lines and "TimeoutStopSec=60s" in lines
     assert "Restart=no" in lines and "SuccessExitStatus=137 SIGKILL" in lines
     assert "StandardOutput=append:/var/lib/gpufleet/sglang.log" in lines
+    assert "UMask=0027" in lines  # the log systemd creates is owner and group only (issue 31)
 
 
 def test_unit_template_stop_timeout_is_the_stop_grace_and_restart_policy_is_bounded():

@@ -52,6 +52,9 @@ def test_take_creates_state_dir_and_owner_record_with_host_clock_expiry(lock_dir
     assert record["renewed_at"] == 1000.0 and record["lease_s"] == 300 and record["expires_at"] == 1300.0
     assert record["started"] == "1970-01-01T00:16:40Z" and record["expires"] == "1970-01-01T00:21:40Z"
     assert oct(os.stat(os.path.dirname(lock_dir)).st_mode & 0o777) == "0o755"
+    # The lock's files: owner and group only (issue 31).
+    assert oct(os.stat(os.path.join(lock_dir, "owner.json")).st_mode & 0o777) == "0o640"
+    assert oct(os.stat(lock_dir.rstrip("/") + ".guard").st_mode & 0o777) == "0o640"
 
 
 def test_unexpired_lease_of_another_run_refuses_naming_it(lock_dir):

@@ -81,6 +81,25 @@ def test_listener_in_a_child_of_the_managed_pid_counts_as_managed(tmp_path, caps
         child.wait()
 
 
+def test_a_listener_titled_with_its_whole_command_line_has_its_key_redacted(capsys):
+    # Issue 31: setproctitle leaves the title as one argv element; the key was at port.listeners[0].cmdline[0].
+    key = "sk-unit-" + "9f" * 12
+    title = "/venv/bin/python -m sglang.launch_server --model-path /m --api-key %s --admin-api-key=%s --port 1" % (
+        key, key)
+    code = ("import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(1); "
+            "print(s.getsockname()[1], flush=True); time.sleep(30)")
+    child = subprocess.Popen([title, "-c", code], executable=sys.executable, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(child.stdout.readline())
+        rc, out = run_main({"port": port}, capsys)
+        (entry,) = out["port"]["listeners"]
+        assert entry["pid"] == child.pid and key not in json.dumps(out)
+        assert entry["cmdline"][0] == title.replace(key, "********")
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_stale_pid_file_is_not_a_managed_server(listener, tmp_path, capsys):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

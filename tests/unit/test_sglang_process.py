@@ -94,8 +94,9 @@ def test_build_env_overrides_and_removes():
 
 def test_api_key_reaches_the_process_argv_but_never_the_task_result(tmp_path, capsys):
     key = "sk-gpufleet-unit-7f3a9c"
-    # The "server" echoes its last two arguments and dies, so the failure message quotes the log tail.
-    code = "import sys;print('server_args api_key=' + ' '.join(sys.argv[-2:]), flush=True);sys.exit(2)"
+    # The "server" echoes its last two arguments and the key alone, and dies, so the failure message quotes the log
+    # tail: the redaction (gpufleet_redact) hides the flag's value, Ansible's no_log masking the bare key.
+    code = "import sys;print('started with ' + ' '.join(sys.argv[-2:]), sys.argv[-1], flush=True);sys.exit(2)"
     from ansible.module_utils.testing import patch_module_args
     with patch_module_args({"argv": [sys.executable, "-c", code], "api_key": key,
                             "log_file": str(tmp_path / "s.log"), "pid_file": str(tmp_path / "s.pid"),
@@ -103,9 +104,9 @@ def test_api_key_reaches_the_process_argv_but_never_the_task_result(tmp_path, ca
         with pytest.raises(SystemExit):
             proc_mod.main()
     out = capsys.readouterr().out
-    assert (tmp_path / "s.log").read_text().split() == ["server_args", "api_key=--api-key", key]
+    assert (tmp_path / "s.log").read_text().split() == ["started", "with", "--api-key", key, key]
     result = json.loads(out)
-    assert result["failed"] and "api_key=--api-key" in out, "the log tail is part of the failure"
+    assert result["failed"] and "started with --api-key ********" in result["log_tail"], "the tail is in the failure"
     assert key not in out, "the no_log api_key must be masked in the module's JSON result"
     assert "--api-key" not in result["argv"]
 
@@ -560,7 +561,7 @@ def test_recorded_writes_the_record_atomically_and_only_when_it_changes(tmp_path
                           capsys)
     assert rc == 0 and result["changed"] and result["record_file"] == str(path)
     assert json.loads(path.read_text()) == record and path.read_text().endswith("}\n")
-    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert oct(path.stat().st_mode & 0o777) == "0o640"  # owner and group only (issue 31)
     assert result["diff"]["before"] == "" and json.loads(result["diff"]["after"]) == record
     assert [p.name for p in tmp_path.iterdir()] == ["launch.json"]  # no temporary file left
     rc, result = run_main({"state": "recorded", "record_file": str(path), "record": record}, capsys)
@@ -806,3 +807,37 @@ def test_a_port_holder_whose_title_is_padded_reads_as_one_line(monkeypatch):
 
     monkeypatch.setattr(spawn.psutil, "Process", Proc)
     assert spawn._describe_pid(4242) == ("root", "python3 stray_listener.py")
+
+
+def test_log_tail_redacts_keys_and_leaves_out_a_line_its_window_cuts(tmp_path):
+    key = "sk-" + "k" * 40
+    log = tmp_path / "s.log"
+    # The last 64 KiB begin in the middle of the key of a 0.5.23 server_args line: its name is cut off.
+    prefix = "server_args={'api_key': '"
+    cut = prefix + key + "'}\n"
+    last = "server_args=ServerArgs(api_key='%s', port=1)\n" % key
+    filler_len = 64 * 1024 - len(cut) + len(prefix) + len(key) // 2 - len(last)
+    filler = ("filler line\n" * (filler_len // 12 + 1))[:filler_len - 1] + "\n"
+    log.write_text(cut + filler + last)
+    assert log.stat().st_size - 64 * 1024 == len(prefix) + len(key) // 2
+    tail = proc_mod.log_tail(str(log), 5)
+    assert key not in tail and "k" * 10 not in tail
+    assert tail.splitlines()[-1] == "server_args=ServerArgs(api_key='********', port=1)"
+    assert "k" * 10 not in proc_mod.log_tail(str(log), 100000)
+
+
+def test_the_server_log_is_created_0640_and_an_older_0644_log_is_tightened(tmp_path):
+    fresh, old = tmp_path / "fresh.log", tmp_path / "old.log"
+    old.write_text("server_args=ServerArgs(api_key='k')\n")
+    old.chmod(0o666)
+    for log in (fresh, old):
+        spawn.start_detached(["/bin/true"], {"PATH": "/bin:/usr/bin"}, str(tmp_path), str(log)).wait()
+        assert oct(log.stat().st_mode & 0o777) == "0o640", log
+    assert old.read_text().startswith("server_args"), "the old lines are kept (appended)"
+
+
+def test_state_files_are_written_0640(tmp_path):
+    spawn.write_pid_file(str(tmp_path / "s.pid"), 4242)
+    spawn.write_file_atomic(str(tmp_path / "launch.json"), "{}\n")
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()} == {
+        "s.pid": "0o640", "launch.json": "0o640"}
