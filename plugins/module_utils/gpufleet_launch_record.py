@@ -10,8 +10,8 @@ hand wrote (or one an earlier release wrote from an injected inventory value, is
 * the JSON text at most :data:`MAX_RECORD_BYTES`, an object;
 * every key the rollback reads with its type and bounds: ``method`` systemd|process, ``port`` 1-65535, ``host``,
   ``argv`` (list of strings), ``env``/``nccl_env`` (names ``[A-Za-z_][A-Za-z0-9_]*``, string or integer values),
-  ``log_file``/``pid_file``/``chdir`` absolute normalised paths, ``unit_name`` a plain ``*.service`` name; no
-  control characters anywhere;
+  ``log_file``/``pid_file``/``chdir`` absolute normalised paths, ``unit_name`` a plain ``*.service`` name
+  (``gpufleet_unit_values.UNIT_NAME``); no control characters anywhere (``gpufleet_unit_values.is_control``);
 * ``unit_text`` (systemd) only with the directives roles/sglang_launch/templates/sglang.service.j2 writes, each in
   its section, one ``ExecStart=`` without a prefix (``+``/``!`` run it with privileges, ``-``/``@``/``:``/``|`` change
   how it runs), ``User=`` a user name other than root (without ``User=`` systemd runs the server as root);
@@ -25,6 +25,8 @@ import json
 import os
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_unit_values
+
 MAX_RECORD_BYTES = 1 << 20
 MAX_UNIT_TEXT = 64 << 10
 MAX_ARGV = 1024
@@ -33,11 +35,13 @@ MAX_VALUE = 8192
 MAX_PATH = 4096
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-UNIT_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,247}\.service$")
-# POSIX portable user names (useradd's default rule), never root.
-USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-CONTROL_IN_UNIT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # a unit's text keeps its tabs and newlines
+# The names and control characters of the values gpufleet renders (one rule: gpufleet_unit_values).
+UNIT_NAME = gpufleet_unit_values.UNIT_NAME
+USER_NAME = gpufleet_unit_values.USER_NAME
+
+
+def _has_control(text, allowed=""):
+    return any(gpufleet_unit_values.is_control(char) and char not in allowed for char in text)
 
 # Directives the unit template (roles/sglang_launch/templates/sglang.service.j2) writes, per section, in every
 # release (UMask= from issue 31 on).
@@ -62,7 +66,7 @@ def _text(value, key, limit=MAX_VALUE, allow_empty=True):
         raise RecordError("%s is %s, not a string" % (key, type(value).__name__))
     if len(value) > limit:
         raise RecordError("%s is longer than %d characters" % (key, limit))
-    if CONTROL.search(value):
+    if _has_control(value):
         raise RecordError("%s holds a control character" % key)
     if not allow_empty and not value:
         raise RecordError("%s is empty" % key)
@@ -114,7 +118,7 @@ def check_unit_text(text, key="unit_text"):
         raise RecordError("%s is missing or not a string" % key)
     if len(text) > MAX_UNIT_TEXT:
         raise RecordError("%s is longer than %d characters" % (key, MAX_UNIT_TEXT))
-    if CONTROL_IN_UNIT.search(text):
+    if _has_control(text, "\n\t"):  # a unit's text keeps its newlines (and tabs)
         raise RecordError("%s holds a control character" % key)
     section, seen_sections, counts = None, set(), {}
     for number, raw in enumerate(text.split("\n"), 1):
@@ -207,7 +211,7 @@ def check_record(data, unit_dir):
         out["recorded_at"] = _text(record["recorded_at"], "recorded_at", 64)
     if method == "systemd":
         name = _text(record.get("unit_name"), "unit_name", 255, allow_empty=False)
-        if not UNIT_NAME.match(name):
+        if len(name) > 255 or not UNIT_NAME.match(name):
             raise RecordError("unit_name %r is not a plain name ending in .service" % name[:80])
         out["unit_name"] = name
         out["unit_path"] = os.path.join(unit_dir, name)

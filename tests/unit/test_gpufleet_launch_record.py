@@ -88,6 +88,33 @@ def test_a_unit_with_umask_passes_and_a_process_record_too():
     assert check(process)["argv"][0] == "/opt/sglang/.venv/bin/python"
 
 
+def render_template(**overrides):
+    """The unit as roles/sglang_launch/templates/sglang.service.j2 writes it today (with the project's filters)."""
+    import jinja2
+    from plugins.filter import gpufleet as f
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(root, "roles", "sglang_launch", "templates")),
+                             trim_blocks=True, keep_trailing_newline=True)
+    env.filters.update({"gpufleet.fleet." + name: fn for name, fn in f.FilterModule().filters().items()})
+    values = dict(_sglang_launch_port=30000, _sglang_launch_host="0.0.0.0", sglang_service_user="first.last",
+                  sglang_launch_chdir="/srv/100%/gpufleet", sglang_launch_env={"NCCL_PROTO": "LL", "X": "a b$c"},
+                  sglang_launch_argv=["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--x", "a b"],
+                  _sglang_launch_stop_grace_s=60, sglang_launch_systemd_restart="on-failure",
+                  sglang_launch_systemd_restart_sec=30, sglang_launch_log_file="/srv/100%/gpufleet/sglang.log",
+                  _sglang_launch_api_key="k", _sglang_launch_api_key_env="GPUFLEET_SGLANG_API_KEY",
+                  sglang_launch_api_key_file="/srv/100%/gpufleet/sglang-api-key.env")
+    values.update(overrides)
+    return env.get_template("sglang.service.j2").render(**values)
+
+
+@pytest.mark.parametrize("key", ["k", ""])
+def test_every_unit_the_template_writes_passes(key):
+    # A directive added to the template must be added to UNIT_DIRECTIVES too, or the rollback refuses the record.
+    text = render_template(_sglang_launch_api_key=key)
+    assert R.check_unit_text(text) == text
+    assert check(changed(unit_text=text))["unit_text"] == text
+
+
 def test_the_unit_goes_to_the_unit_dir_whatever_unit_path_says():
     out = check(changed(unit_path="/etc/cron.d/evil"), unit_dir="/etc/systemd/system")
     assert out["unit_path"] == "/etc/systemd/system/sglang.service"
