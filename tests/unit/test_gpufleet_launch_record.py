@@ -203,6 +203,8 @@ def test_module_returns_a_checked_record_or_says_why_not(tmp_path, capsys):
     os.chmod(path, 0o600)
     out = read(path, capsys, unit_dir="/run/systemd/system")
     assert out["valid"] is True and out["record"]["unit_path"] == "/run/systemd/system/sglang.service"
+    # Through the module's redaction net unchanged: ${GPUFLEET_SGLANG_API_KEY} names the key, it is not one.
+    assert out["record"]["unit_text"] == UNIT_V1
     path.write_text("{not json")
     out = read(path, capsys)
     assert out["valid"] is False and out["record"] is None and out["reason"].startswith("not valid JSON")
