@@ -47,8 +47,16 @@ _PATTERNS = (
 )
 
 
+# A reference to a variable (``--api-key ${GPUFLEET_SGLANG_API_KEY}``: the systemd unit's ExecStart=, which systemd
+# expands from the root-only EnvironmentFile=) names where the key is, not the key: an API key is a token68 word
+# (roles/sglang_launch/tasks/checks.yml), never one with "$". Kept, so the unit text reads back as written.
+_REFERENCE = re.compile(r"^\$\{?[A-Za-z_][A-Za-z0-9_]*\}?$")
+
+
 def _hide(match):
     value = match.group(3)
+    if _REFERENCE.match(value):
+        return match.group(0)
     quote = value[0] if value[:1] in ("'", '"') and len(value) > 1 and value[-1] == value[0] else ""
     return match.group(1) + match.group(2) + quote + REDACTED + quote
 

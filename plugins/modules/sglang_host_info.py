@@ -124,6 +124,40 @@ options:
         their own.
     type: int
     default: 300
+  owned_paths:
+    description:
+      - "Files and directories gpufleet trusts (variable name to path: C(sglang_state_dir), C(launch.json), the key
+        file). Each one that exists, and every directory above it, must belong to root or to the user the module
+        runs as, and be writable by nobody else (a directory with the sticky bit above it may be): the module
+        C(gpufleet_trust) (StrictModes' rule, sticky directories excepted) says why in its docstring. A missing
+        one is fine, unless another user could create it first (RV(ownership))."
+    type: dict
+    default: {}
+  root_interpreters:
+    description:
+      - "Interpreters root runs (a label, e.g. the variable naming it, to its path): each one, its virtualenv
+        (C(pyvenv.cfg), C(site-packages) and what its C(.pth) files add) and its standard library must belong to
+        root and be writable by nobody else, or a C(.pth) file another user drops there runs as root (RV(root_code)).
+        Judged from the files alone: the interpreter is never run to find out."
+    type: dict
+    default: {}
+  root_interpreter_self:
+    description:
+      - "The interpreter running this module (C(ansible_python_interpreter), or the one Ansible discovered) is also
+        run as root by other tasks (become, or a root login): judge it as O(root_interpreters) does, labelled
+        C(ansible_python_interpreter). Run this check without become, so it is judged before root runs it."
+    type: bool
+    default: false
+  launch_record:
+    description:
+      - "A launch record (C(sglang_launch_record_file)) to read for a rollback: its ownership as O(owned_paths)
+        judges it, then its content against gpufleet's schema (module_utils C(gpufleet_launch_record)); returned
+        only when both pass (RV(launch_record))."
+    type: path
+  launch_unit_dir:
+    description: Where the rollback writes the recorded unit (C(sglang_launch_unit_dir)); RV(launch_record.record.unit_path) is always in it.
+    type: path
+    default: /etc/systemd/system
 attributes:
   check_mode:
     support: full
@@ -346,6 +380,45 @@ write_access:
     file_writable: {description: "For C(replace): whether the file itself is writable (null when missing).", type: bool}
     reason: {description: "Why not (null when RV(write_access[].ok)): owner, mode, read-only filesystem, or (for
              C(replace)) the file being a mount point of its own.", type: str}
+ownership:
+  description: One entry per O(owned_paths) item that cannot be trusted (empty when every one can).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    variable: {description: The name it was given under., type: str}
+    path: {description: The path asked for., type: str}
+    problems:
+      description: "Each path at fault: C(path), C(owner), C(uid), C(mode) (octal text), C(reason)."
+      type: list
+      elements: dict
+    text: {description: One sentence naming the file, its owner and mode, and what to do., type: str}
+root_code:
+  description: One entry per interpreter of O(root_interpreters) (and O(root_interpreter_self)) root must not run.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    variable: {description: The label it was given under., type: str}
+    interpreter: {description: The interpreter's path., type: str}
+    problems:
+      description: "Each path at fault: C(path), C(owner), C(uid), C(mode), C(reason)."
+      type: list
+      elements: dict
+    text: {description: One sentence naming the interpreter, the paths and their owners, and what to do., type: str}
+launch_record:
+  description: With O(launch_record), what was found there.
+  returned: when O(launch_record) is given
+  type: dict
+  contains:
+    path: {description: The record file., type: str}
+    exists: {description: Whether it exists., type: bool}
+    valid: {description: Whether it may be used (trusted owner and modes, and gpufleet's schema)., type: bool}
+    reason: {description: "Why not (null when valid or missing).", type: str}
+    record:
+      description: "The checked record (only the keys the rollback reads; C(unit_path) is O(launch_unit_dir)/C(unit_name)),
+        or null."
+      type: dict
 restart_lock:
   description:
     - With O(lock_dir), the lock's holder as C(gpufleet_lock) module_utils C(read_holder) reads owner.json - run_id,
@@ -374,11 +447,14 @@ import os
 import pwd
 import re
 import stat
+import sys
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import KNOWN_MONITORS
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv, redact_module
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_launch_record
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_trust
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
     foreign_memory,
     tp_balance_problem,
@@ -804,6 +880,61 @@ def pid_running(pid):
     return True
 
 
+def _trusted_uids():
+    return frozenset([0, os.geteuid()])
+
+
+def _users_text(uids):
+    return " or ".join(gpufleet_trust.owner_name(uid) for uid in sorted(uids))
+
+
+def ownership_check(variable, path, uids=None):
+    """An RV(ownership) entry for ``path`` (None when it can be trusted)."""
+    uids = _trusted_uids() if uids is None else uids
+    problems = gpufleet_trust.path_problems(path, uids)
+    if not problems:
+        return None
+    text = ("%s %s cannot be trusted: %s. Only %s (the user gpufleet reads and writes it as) may own it and the "
+            "directories above it, writable by no other user: chown it to %s and chmod go-w, or choose another %s"
+            % (variable, path, "; ".join(gpufleet_trust.describe(p) for p in problems), _users_text(uids),
+               gpufleet_trust.owner_name(min(uids)), variable))
+    return {"variable": variable, "path": path, "problems": problems, "text": text}
+
+
+def root_code_check(variable, python):
+    """An RV(root_code) entry for interpreter ``python`` (None when root may run it)."""
+    problems = gpufleet_trust.interpreter_problems(python)
+    if not problems:
+        return None
+    text = ("%s %s runs as root, but %s: a .pth file or module another user puts there would run as root. Make "
+            "that virtualenv root's (chown -R root: on it, writable by root only), or run gpufleet without become "
+            "for it (sglang_nccl_patch_become=false, sglang_launch_method=process) with a virtualenv the login user "
+            "owns" % (variable, python, "; ".join(gpufleet_trust.describe(p) for p in problems[:5])
+                      + ("; and %d more" % (len(problems) - 5) if len(problems) > 5 else "")))
+    return {"variable": variable, "interpreter": python, "problems": problems, "text": text}
+
+
+def read_launch_record(path, unit_dir):
+    """RV(launch_record): the record at ``path`` when its owner, modes and content can be trusted."""
+    out = {"path": path, "exists": os.path.lexists(path), "valid": False, "reason": None, "record": None}
+    if not out["exists"]:
+        return out
+    trust = ownership_check("sglang_launch_record_file", path)
+    if trust:
+        out["reason"] = "; ".join(gpufleet_trust.describe(p) for p in trust["problems"])
+        return out
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(gpufleet_launch_record.MAX_RECORD_BYTES + 1)
+        out["record"] = gpufleet_launch_record.check_record(data, unit_dir)
+        out["valid"] = True
+    except (IOError, OSError) as exc:
+        out["reason"] = "cannot be read: %s" % (exc.strerror or exc)
+    except gpufleet_launch_record.RecordError as exc:
+        out["reason"] = str(exc)
+    return out
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -824,6 +955,11 @@ def main():
             model_markers=dict(type="dict", default={}),
             lock_dir=dict(type="path"),
             lock_lease_s=dict(type="int", default=300),
+            owned_paths=dict(type="dict", default={}),
+            root_interpreters=dict(type="dict", default={}),
+            root_interpreter_self=dict(type="bool", default=False),
+            launch_record=dict(type="path"),
+            launch_unit_dir=dict(type="path", default="/etc/systemd/system"),
         ),
         mutually_exclusive=[["pid_file", "systemd_unit"]],
         supports_check_mode=True,
@@ -868,6 +1004,21 @@ def main():
             result["port"] = port_info(p["port"], p["host"], managed_pid if result["managed_running"] else None)
         except psutil.AccessDenied as exc:
             module.fail_json(msg="not allowed to list TCP sockets (%s); run with become" % exc)
+    result["ownership"] = [entry for entry in (ownership_check(name, path)
+                                               for name, path in sorted(p["owned_paths"].items())) if entry]
+    interpreters = sorted(p["root_interpreters"].items())
+    if p["root_interpreter_self"]:
+        interpreters.insert(0, ("ansible_python_interpreter", sys.executable))
+    seen = set()
+    result["root_code"] = []
+    for name, python in interpreters:
+        if python and python not in seen:
+            seen.add(python)
+            entry = root_code_check(name, python)
+            if entry:
+                result["root_code"].append(entry)
+    if p["launch_record"]:
+        result["launch_record"] = read_launch_record(p["launch_record"], p["launch_unit_dir"])
     if p["lock_dir"]:
         try:
             result["restart_lock"] = gpufleet_lock.read_holder(p["lock_dir"].rstrip("/"), max(p["lock_lease_s"], 1))

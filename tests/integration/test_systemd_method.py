@@ -387,6 +387,125 @@ def test_a_router_and_a_bench_client_of_the_service_user_survive_a_restart_while
         lab.exec(host, ["kill", "-KILL", str(router), str(client), str(leftover)])
 
 
+# issue 31: trust no state file, and root runs no code another user can write.
+
+def state_dir(lab, host):
+    return lab.host_vars(host)["sglang_state_dir"]
+
+
+def file_sha(lab, host, path):
+    return lab.exec(host, ["sha256sum", path], check=True).stdout.split()[0]
+
+
+def engine_file(lab, host):
+    python = lab.host_vars(host)["sglang_python"]
+    return "%s/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py" % python.rsplit("/bin/", 1)[0]
+
+
+def state_lines(lab, runner, host):
+    [said] = [d for d in lab.events(runner, "runner_on_ok", "debug")
+              if d["host"] == host and d["task"] == "Say what state the host is in"]
+    return " ".join(said["res"]["msg"])
+
+
+def write_as_root(lab, host, path, text, mode="600"):
+    lab.exec(host, ["sh", "-c", 'cat > "$1" && chmod "$2" "$1"', "sh", path, mode], input=text, check=True)
+
+
+def test_a_tampered_or_malformed_launch_record_is_never_run_and_engine_py_still_goes_back(systemd_lab):
+    """Two failed restarts (lab fault crash_on_start): the first against a record whose unit carries an injected
+    ExecStartPre=+ line, the second (the host down since the first) against a record cut in half."""
+    lab = systemd_lab
+    host = lab.hosts[0]
+    ensure_serving(lab, host)
+    record_file = "%s/launch.json" % state_dir(lab, host)
+    good = lab.exec(host, ["cat", record_file], check=True).stdout
+    marker = "/tmp/gpufleet-pwned-%d" % os.getpid()
+    injected = json.loads(good)
+    injected["unit_text"] = injected["unit_text"].replace(
+        "[Service]\n", "[Service]\nExecStartPre=+/bin/sh -c 'id > %s'\n" % marker)
+    cases = [(json.dumps(injected), "ExecStartPre is not a directive gpufleet writes in [Service]"),
+             (good[:len(good) // 2], "not valid JSON")]
+    try:
+        for bad, why in cases:
+            lab.exec(host, ["rm", "-f", marker])
+            before_sha = file_sha(lab, host, engine_file(lab, host))
+            write_as_root(lab, host, record_file, bad)
+            # A value no earlier run left in engine.py: the patch writes, so the rollback has bytes to put back.
+            env = dict(lab.group_vars["sglang_nccl_env"], NCCL_DEBUG_SUBSYS="INIT,%d" % time.time_ns())
+            lab.fault(host, crash_on_start=True)
+            try:
+                runner = restart(lab, limit=host, sglang_nccl_env=env)
+            finally:
+                lab.clear_faults(host)
+            assert runner.status == "failed"
+            said = state_lines(lab, runner, host)
+            assert "Rollback: file_only" in said, said
+            assert ("the previous server was not relaunched: the launch record %s was refused (" % record_file) in said
+            assert why in said and "remove or fix that file" in said and "The host is not serving" in said, said
+            assert "engine.py restored" in said, said
+            assert file_sha(lab, host, engine_file(lab, host)) == before_sha  # the patch's bytes went back
+            assert lab.exec(host, ["test", "-e", marker]).returncode == 1  # the injected command never ran
+            assert "ExecStartPre" not in lab.exec(host, ["cat", UNIT_PATH], check=True).stdout
+            assert lab.unit_props(host, "ActiveState")["ActiveState"] != "active"
+            assert "from_json" not in stdout_of(runner)
+    finally:
+        write_as_root(lab, host, record_file, good)
+        lab.exec(host, ["rm", "-f", marker])
+    ensure_serving(lab, host)
+
+
+def test_a_launch_record_the_service_user_owns_is_refused_in_preflight_naming_file_owner_and_mode(systemd_lab):
+    lab = systemd_lab
+    host = lab.hosts[-1]
+    pid = ensure_serving(lab, host)
+    record_file = "%s/launch.json" % state_dir(lab, host)
+    lab.exec(host, ["chown", "sglang", record_file], check=True)
+    try:
+        runner = restart(lab, limit=host)
+        out = stdout_of(runner)
+        assert runner.status == "failed"
+        mode = lab.exec(host, ["stat", "-c", "%04a", record_file], check=True).stdout.strip()
+        assert ("sglang_launch_record_file %s cannot be trusted: %s (owner sglang, mode %s) belongs to another user"
+                % (record_file, record_file, mode)) in out, out[-4000:]
+        assert "chown it to root and chmod go-w" in out
+        assert main_pid(lab, host) == pid and lab.wait_http(host, timeout_s=5) == 200
+    finally:
+        lab.exec(host, ["chown", "root", record_file], check=True)
+
+
+def test_a_venv_site_packages_the_service_user_owns_is_refused_before_root_runs_it(systemd_lab):
+    lab = systemd_lab
+    host = lab.hosts[-1]
+    pid = ensure_serving(lab, host)
+    python = lab.host_vars(host)["sglang_python"]
+    site = "%s/lib/python3.11/site-packages" % python.rsplit("/bin/", 1)[0]
+    marker = "%s/pth-ran-as-root" % state_dir(lab, host)
+    pth = "%s/zz-gpufleet-test.pth" % site
+    lab.exec(host, ["rm", "-f", marker])
+    owner = lab.exec(host, ["stat", "-c", "%U", site], check=True).stdout.strip()
+    assert owner == "root"  # the lab's venv belongs to root, as an installed SGLang does
+    # What the service user could drop there once it owns the directory: a line site.py runs at every start.
+    lab.exec(host, ["sh", "-c", 'printf "%s\\n" "$2" > "$1"', "sh", pth,
+                    "import os; os.geteuid() == 0 and open(%r, 'w').write('root')" % marker], check=True)
+    lab.exec(host, ["chown", "sglang", site, pth], check=True)
+    try:
+        runner = restart(lab, limit=host)
+        out = stdout_of(runner)
+        assert runner.status == "failed"
+        assert ("ansible_python_interpreter %s runs as root, but %s (owner sglang, mode" % (python, site)) in out, \
+            out[-4000:]
+        assert "a .pth file or module another user puts there would run as root" in out
+        # Before wait_http: the lab's own probe runs the venv's interpreter as root.
+        assert lab.exec(host, ["test", "-e", marker]).returncode == 1  # root never ran the venv's interpreter
+        assert main_pid(lab, host) == pid
+    finally:
+        lab.exec(host, ["rm", "-f", pth])
+        lab.exec(host, ["chown", "root", site], check=True)
+        lab.exec(host, ["rm", "-f", marker])
+    assert lab.wait_http(host, timeout_s=5) == 200
+
+
 PWNED = 'ExecStartPre=+/bin/sh -c "id > /tmp/pwned"'
 
 

@@ -137,3 +137,11 @@ def test_a_line_shortened_inside_the_key_still_hides_what_is_left_of_it():
     line = "server_args=ServerArgs(api_key='%s', port=1)" % KEY
     assert redact_text(line[:40]) == "server_args=ServerArgs(api_key=" + REDACTED
     assert KEY[:5] not in redact_text(line[:40])
+
+
+def test_a_variable_reference_is_not_a_key_and_the_unit_text_reads_back_as_written():
+    # The systemd unit's ExecStart= (the rollback reads it back from launch.json through a redacted module result).
+    unit = "ExecStart=/v/bin/python -m sglang.launch_server --port 30000 --api-key ${GPUFLEET_SGLANG_API_KEY}\n"
+    assert redact_text(unit) == unit
+    assert redact_text("--api-key=$KEY --admin-api-key ${ADMIN}") == "--api-key=$KEY --admin-api-key ${ADMIN}"
+    assert redact_text("--api-key $x-real-key") == "--api-key ********"
