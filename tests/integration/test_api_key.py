@@ -184,12 +184,15 @@ def test_the_key_is_in_no_artifact_report_or_state_file_only_in_the_0640_server_
         assert check.status == "successful", stdout_of(check)[-3000:]
         assert sorted(os.listdir(report)) == ["check.html", "check.json"]
         runners.append(check)
-        lab.fault(host, crash_on_start=True)
+        # Only the changed launch crashes: the rollback brings the keyed server back (its pid file then exists).
+        args = dict(hv["sglang_launch_args"], **{"max-running-requests": 77})
+        lab.fault(host, crash_with_arg="--max-running-requests")
         try:
-            failed = lab.run_playbook(PLAYBOOK, extravars=keyed, limit=host)
+            failed = lab.run_playbook(PLAYBOOK, extravars=dict(keyed, sglang_launch_args=args), limit=host)
         finally:
             lab.clear_faults(host)
         assert failed.status == "failed"
+        assert ("--api-key " + key) in " ".join(cmdline(lab, host, server_pid(lab, host))), "rolled back, keyed"
         [tail] = [d["res"]["msg"] for d in lab.events(failed, "runner_on_ok", "debug")
                   if d["task"] == "Show the end of the server log"]
         assert any("api_key='********'" in line for line in tail), tail  # the stand-in logs server_args as SGLang
