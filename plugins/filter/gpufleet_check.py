@@ -469,6 +469,16 @@ def gpufleet_check_unreachable(message, expected_gpus=None):
             "gpus_ok": 0, "gpus_total": total, "gpus": [], "sglang": {}, "driver_version": None}
 
 
+def gpufleet_check_root_code(texts, expected_gpus=None):
+    """The verdict of a host whose reads with become were not run (CRIT ``root_code_untrusted``): root would run an
+    interpreter another user can change (sglang_host_info's ``root_code`` texts, issue 31)."""
+    texts = [str(t) for t in (texts or []) if str(t).strip()] or ["root would run code another user can change"]
+    total = int(expected_gpus) if expected_gpus not in (None, "") else 0
+    text = "not checked with become: %s" % " | ".join(t[:600] for t in texts[:3])
+    return {"verdict": "CRIT", "reasons": [_reason("CRIT", "root_code_untrusted", text)],
+            "gpus_ok": 0, "gpus_total": total, "gpus": [], "sglang": {}, "driver_version": None}
+
+
 def gpufleet_check_fleet(hostvars, targets, fact="fleet_check_result"):
     """host → verdict for every targeted host, in target order; a host without a verdict is CRIT (its check
     never finished: unreachable, or a task failed; the run's output names which)."""
@@ -599,6 +609,7 @@ class FilterModule(object):
         return {
             "gpufleet_check_verdict": gpufleet_check_verdict,
             "gpufleet_check_unreachable": gpufleet_check_unreachable,
+            "gpufleet_check_root_code": gpufleet_check_root_code,
             "gpufleet_check_fleet": gpufleet_check_fleet,
             "gpufleet_check_stats": gpufleet_check_stats,
             "gpufleet_check_report": gpufleet_check_report,

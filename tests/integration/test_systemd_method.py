@@ -499,6 +499,19 @@ def test_a_venv_site_packages_the_service_user_owns_is_refused_before_root_runs_
         # Before wait_http: the lab's own probe runs the venv's interpreter as root.
         assert lab.exec(host, ["test", "-e", marker]).returncode == 1  # root never ran the venv's interpreter
         assert main_pid(lab, host) == pid
+        # patch.yml (sglang_nccl_patch_become) and check.yml (fleet_check_become) run no preflight: their roles
+        # judge the interpreter themselves before root runs it.
+        patch = lab.run_playbook("playbooks/patch.yml", limit=host)
+        out = stdout_of(patch)
+        assert patch.status == "failed" and "Nothing was patched." in out, out[-4000:]
+        assert ("ansible_python_interpreter %s runs as root, but %s (owner sglang" % (python, site)) in out
+        check = lab.run_playbook("playbooks/check.yml", limit=host)
+        out = stdout_of(check)
+        assert "CRIT: not checked with become: ansible_python_interpreter %s runs as root" % python in out, \
+            out[-4000:]
+        assert check.status == "failed"  # gpufleet_check_fail_on=crit
+        assert lab.exec(host, ["test", "-e", marker]).returncode == 1
+        assert main_pid(lab, host) == pid
     finally:
         lab.exec(host, ["rm", "-f", pth])
         lab.exec(host, ["chown", "root", site], check=True)

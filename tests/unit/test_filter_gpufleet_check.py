@@ -373,3 +373,14 @@ def test_hand_typed_lines_in_the_function_are_named_with_what_a_restart_does():
     assert first.startswith('/x/e.py:1950: os.environ["NCCL_PROTO"] = "Simple" is typed by hand')
     assert "overrides the NCCL block" in first and "sglang_nccl_patch_hand_edits=take_over" in first
     assert second.endswith("sglang_nccl_env does not set that variable, the line applies")
+
+
+def test_a_host_where_root_would_run_code_another_user_can_change_is_crit_and_names_it():
+    text = ("ansible_python_interpreter /v/bin/python runs as root, but /v/lib/python3.11/site-packages "
+            "(owner sglang, mode 0755)")
+    r = chk.gpufleet_check_root_code([text], 8)
+    assert r["verdict"] == "CRIT" and r["gpus_ok"] == 0 and r["gpus_total"] == 8
+    [reason] = r["reasons"]
+    assert reason["code"] == "root_code_untrusted" and "owner sglang" in reason["text"]
+    assert chk.gpufleet_check_root_code([])["reasons"][0]["text"].endswith("another user can change")
+    assert chk.gpufleet_check_fleet({"h": {"fleet_check_result": r}}, ["h"])["h"]["verdict"] == "CRIT"
