@@ -459,19 +459,23 @@ def test_a_launch_record_the_service_user_owns_is_refused_in_preflight_naming_fi
     lab = systemd_lab
     host = lab.hosts[-1]
     pid = ensure_serving(lab, host)
-    record_file = "%s/launch.json" % state_dir(lab, host)
-    lab.exec(host, ["chown", "sglang", record_file], check=True)
-    try:
-        runner = restart(lab, limit=host)
-        out = stdout_of(runner)
-        assert runner.status == "failed"
-        mode = lab.exec(host, ["stat", "-c", "%04a", record_file], check=True).stdout.strip()
-        assert ("sglang_launch_record_file %s cannot be trusted: %s (owner sglang, mode %s) belongs to another user"
-                % (record_file, record_file, mode)) in out, out[-4000:]
-        assert "chown it to root and chmod go-w" in out
-        assert main_pid(lab, host) == pid and lab.wait_http(host, timeout_s=5) == 200
-    finally:
-        lab.exec(host, ["chown", "root", record_file], check=True)
+    # The record root's rollback relaunches from, and the bytes it copies back over engine.py.
+    prev_dir = "%s/nccl-patch-prev" % state_dir(lab, host)
+    lab.exec(host, ["mkdir", "-p", prev_dir], check=True)
+    for variable, path in (("sglang_launch_record_file", "%s/launch.json" % state_dir(lab, host)),
+                           ("sglang_nccl_patch_previous_dir", prev_dir)):
+        lab.exec(host, ["chown", "sglang", path], check=True)
+        try:
+            runner = restart(lab, limit=host)
+            out = stdout_of(runner)
+            assert runner.status == "failed"
+            mode = lab.exec(host, ["stat", "-c", "%04a", path], check=True).stdout.strip()
+            assert ("%s %s cannot be trusted: %s (owner sglang, mode %s) belongs to another user"
+                    % (variable, path, path, mode)) in out, out[-4000:]
+            assert "chown it to root and chmod go-w" in out
+            assert main_pid(lab, host) == pid and lab.wait_http(host, timeout_s=5) == 200
+        finally:
+            lab.exec(host, ["chown", "root", path], check=True)
 
 
 def test_a_venv_site_packages_the_service_user_owns_is_refused_before_root_runs_it(systemd_lab):
