@@ -102,11 +102,20 @@ def escape(text, quoted=True):
     return "".join(out)
 
 
-def show(value, limit=70):
-    """``value`` as a message shows it: a string quoted and escaped, cut to about ``limit`` characters."""
+def show(value, limit=160):
+    """``value`` as a message shows it: a string quoted and escaped, cut to about ``limit`` characters. A cut keeps
+    the first control character in view (a long path's line break would otherwise fall behind the "...")."""
     if isinstance(value, str):
         text = escape(value)
-        return "'%s'" % (text if len(text) <= limit else text[:limit - 3] + "...")
+        if len(text) <= limit:
+            return "'%s'" % text
+        first = next((i for i, char in enumerate(value) if is_control(char)), None)
+        at = len(escape(value[:first])) if first is not None else 0
+        if at + 15 <= limit - 3:
+            return "'%s...'" % text[:limit - 3]
+        start = at - 15
+        window = text[start:start + limit - 26]
+        return "'%s...%s%s'" % (text[:20], window, "..." if start + len(window) < len(text) else "")
     text = escape(repr(value), quoted=False)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

@@ -73,7 +73,8 @@ def test_the_issue_payload_is_refused_with_the_value_escaped_on_one_line():
 
 def test_escape_writes_every_unprintable_character_as_an_escape():
     assert uv.escape("a\nb\tc\x1b\x85\u2028\u200b'\\") == "a\\nb\\tc\\x1b\\x85\\u2028\\u200b\\'\\\\"
-    assert uv.show("x" * 200).endswith("...'") and len(uv.show("x" * 200)) == 72
+    assert uv.show("x" * 200).endswith("...'") and len(uv.show("x" * 200)) == 162
+    assert uv.show("x" * 200, limit=70).endswith("...'") and len(uv.show("x" * 200, limit=70)) == 72
     assert uv.show(["a\nb"]) == "['a\\nb']"
 
 
@@ -357,3 +358,12 @@ def test_the_guard_refuses_a_key_with_a_line_break_without_showing_it():
     assert len(report) == 1 and report[0].startswith("sglang_api_key must be one bearer token")
     assert "sk-unique-7f3a" not in report[0] and "LD_PRELOAD" not in report[0]
     assert fv.gpufleet_unit_value_report({"a": _HostVars(sglang_api_key="sk-unique-7f3a")}, ["a"]) == []
+
+
+def test_a_cut_value_keeps_its_first_control_character_in_view():
+    value = "/srv/" + "long-directory-name/" * 10 + "state\nExecStartPre=+/bin/sh -c id"
+    shown = uv.show(value)
+    assert shown.startswith("'/srv/long-directory") and "state\\nExecStartPre=" in shown and "..." in shown
+    assert len(shown) <= 170
+    problem = uv.control_problem("sglang_state_dir", value)
+    assert "state\\nExecStartPre=" in problem and "\n" not in problem
