@@ -503,6 +503,12 @@ def gpufleet_guard_report(hostvars, hosts):
                                            len(hosts))
         if capacity:
             seen.setdefault(capacity, list(hosts))
+    return hosts_report(seen, hosts)
+
+
+def hosts_report(seen, hosts):
+    """``seen`` (message -> list of the hosts it concerns, in order) as a list of messages, each suffixed with the
+    hosts it concerns when it does not concern all of ``hosts`` (at most 10 named)."""
     report = []
     for message, where in seen.items():
         if len(where) < len(hosts):

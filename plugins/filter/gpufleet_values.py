@@ -10,6 +10,7 @@ tests/unit/test_gpufleet_unit_values.py); these filters apply it where the playb
 """
 from __future__ import annotations
 
+from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_run import hosts_report
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_unit_values import unit_value_problems
 
 
@@ -35,12 +36,7 @@ def gpufleet_unit_value_report(hostvars, hosts):
     for host in hosts:
         for message in unit_value_problems(_Readable(hostvars[host])):
             seen.setdefault(message, []).append(host)
-    report = []
-    for message, where in seen.items():
-        if len(where) < len(hosts):
-            message += " (on %s)" % ", ".join(where[:10]) + (" and %d more" % (len(where) - 10) if len(where) > 10 else "")
-        report.append(message)
-    return report
+    return hosts_report(seen, hosts)
 
 
 def gpufleet_unit_value_problems(values):

@@ -139,11 +139,17 @@ def control_problem(name, value):
             % (name, show(value), ", ".join(found[:5])))
 
 
+def _text_problem(name, value, wanted):
+    """The problem every rule starts with ('' when there is none): ``value`` is no str ("is a <type>, not
+    <wanted>"), or it holds a control character (:func:`control_problem`)."""
+    if not isinstance(value, str):
+        return "%s=%s is a %s, not %s" % (name, show(value), type(value).__name__, wanted)
+    return control_problem(name, value)
+
+
 def path_problem(name, value):
     """Why ``value`` is no absolute, normalised path a systemd path setting keeps as written ('' when it is)."""
-    if not isinstance(value, str):
-        return "%s=%s is a %s, not a path; give an absolute path" % (name, show(value), type(value).__name__)
-    problem = control_problem(name, value)
+    problem = _text_problem(name, value, "a path; give an absolute path")
     if problem:
         return problem
     if not value.startswith("/"):
@@ -178,10 +184,8 @@ def path_problem(name, value):
 def user_problem(name, value, unprivileged=True):
     """Why ``value`` is no POSIX user name (of an unprivileged user when ``unprivileged``: the systemd method's
     User=) ('' when it is)."""
-    if not isinstance(value, str):
-        return ("%s=%s is a %s, not a user name; give the name of the unprivileged user the server runs as "
-                "(e.g. sglang)" % (name, show(value), type(value).__name__))
-    problem = control_problem(name, value)
+    problem = _text_problem(name, value, "a user name; give the name of the unprivileged user the server runs as "
+                                         "(e.g. sglang)")
     if problem:
         return problem
     if not USER_NAME.match(value):
@@ -195,9 +199,7 @@ def user_problem(name, value, unprivileged=True):
 
 def unit_name_problem(name, value):
     """Why ``value`` is no plain ``.service`` unit name ('' when it is)."""
-    if not isinstance(value, str):
-        return "%s=%s is a %s, not a unit name; give e.g. sglang.service" % (name, show(value), type(value).__name__)
-    problem = control_problem(name, value)
+    problem = _text_problem(name, value, "a unit name; give e.g. sglang.service")
     if problem:
         return problem
     if not UNIT_NAME.match(value) or len(value) > 255:
@@ -208,10 +210,7 @@ def unit_name_problem(name, value):
 
 def host_problem(name, value):
     """Why ``value`` is no IP address or host name to bind ('' when it is)."""
-    if not isinstance(value, str):
-        return ("%s=%s is a %s, not an address; give the bind address, e.g. 127.0.0.1 or 0.0.0.0"
-                % (name, show(value), type(value).__name__))
-    problem = control_problem(name, value)
+    problem = _text_problem(name, value, "an address; give the bind address, e.g. 127.0.0.1 or 0.0.0.0")
     if problem:
         return problem
     try:
