@@ -8,6 +8,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from plugins.filter import gpufleet as f
+from unit_template import render_unit
 
 LAUNCHER = ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
 
@@ -128,13 +129,6 @@ def test_summary_table_aligns_and_marks_missing_values():
 
 
 def _render_unit(**overrides):
-    import pathlib
-    import jinja2
-    root = pathlib.Path(__file__).resolve().parents[2]
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(root / "roles" / "sglang_launch" / "templates")),
-                             trim_blocks=True, keep_trailing_newline=True)
-    # the template names the filters by FQCN (gpufleet.fleet.<name>), as a role in the installed collection must
-    env.filters.update({"gpufleet.fleet." + name: fn for name, fn in f.FilterModule().filters().items()})
     argv = f.sglang_argv({"model-path": "/models/Llama 3.1 8B", "served-model-name": "m%1$x", "tp-size": 8,
                           "trust-remote-code": True}, LAUNCHER, "0.0.0.0", 30000)
     values = dict(_sglang_launch_port=30000, _sglang_launch_host="0.0.0.0", sglang_service_user="sglang",
@@ -143,7 +137,7 @@ def _render_unit(**overrides):
                   sglang_launch_systemd_restart_sec=30,
                   sglang_launch_log_file="/var/lib/gpufleet/sglang.log")
     values.update(overrides)
-    return argv, env.get_template("sglang.service.j2").render(**values)
+    return argv, render_unit(values)
 
 
 def test_unit_template_execstart_round_trips_the_argv_and_carries_env_user_killmode():

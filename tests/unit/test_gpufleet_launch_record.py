@@ -9,6 +9,7 @@ from ansible.module_utils.testing import patch_module_args
 from gpu_module_harness import load_module
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_launch_record as R
+from unit_template import render_unit
 
 # A unit as releases before issue 31 wrote it (format 1: no UMask=), with an API key.
 UNIT_V1 = """# Ansible managed
@@ -90,12 +91,6 @@ def test_a_unit_with_umask_passes_and_a_process_record_too():
 
 def render_template(**overrides):
     """The unit as roles/sglang_launch/templates/sglang.service.j2 writes it today (with the project's filters)."""
-    import jinja2
-    from plugins.filter import gpufleet as f
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(root, "roles", "sglang_launch", "templates")),
-                             trim_blocks=True, keep_trailing_newline=True)
-    env.filters.update({"gpufleet.fleet." + name: fn for name, fn in f.FilterModule().filters().items()})
     values = dict(_sglang_launch_port=30000, _sglang_launch_host="0.0.0.0", sglang_service_user="first.last",
                   sglang_launch_chdir="/srv/100%/gpufleet", sglang_launch_env={"NCCL_PROTO": "LL", "X": "a b$c"},
                   sglang_launch_argv=["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--x", "a b"],
@@ -104,7 +99,7 @@ def render_template(**overrides):
                   _sglang_launch_api_key="k", _sglang_launch_api_key_env="GPUFLEET_SGLANG_API_KEY",
                   sglang_launch_api_key_file="/srv/100%/gpufleet/sglang-api-key.env")
     values.update(overrides)
-    return env.get_template("sglang.service.j2").render(**values)
+    return render_unit(values)
 
 
 @pytest.mark.parametrize("key", ["k", ""])

@@ -11,6 +11,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_unit_values as uv
 from plugins.filter import gpufleet as f
 from plugins.filter import gpufleet_values as fv
+from unit_template import render_unit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAYLOAD = 'sglang\nExecStartPre=+/bin/sh -c "id > /tmp/pwned"'
@@ -296,11 +297,7 @@ def test_sglang_argv_refuses_a_first_word_systemd_would_read_as_a_prefix(first):
 
 # --- the unit template ----------------------------------------------------------------------------------------------
 
-def render_unit(**overrides):
-    import jinja2
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROOT, "roles", "sglang_launch", "templates")),
-                             trim_blocks=True, keep_trailing_newline=True)
-    env.filters.update({"gpufleet.fleet." + name: fn for name, fn in f.FilterModule().filters().items()})
+def render(**overrides):
     values = dict(_sglang_launch_port=30000, _sglang_launch_host="0.0.0.0", sglang_service_user="sglang",
                   sglang_launch_chdir="/var/lib/gpufleet", sglang_launch_env={"NCCL_PROTO": "LL"},
                   sglang_launch_argv=["/opt/sglang/bin/python", "-m", "sglang.launch_server"],
@@ -309,11 +306,11 @@ def render_unit(**overrides):
                   _sglang_launch_api_key="k", _sglang_launch_api_key_env="GPUFLEET_SGLANG_API_KEY",
                   sglang_launch_api_key_file="/var/lib/gpufleet/sglang-api-key.env")
     values.update(overrides)
-    return env.get_template("sglang.service.j2").render(**values)
+    return render_unit(values)
 
 
 def test_the_unit_reads_back_every_value_as_given():
-    read = systemd_reads(render_unit(_sglang_launch_host="fe80::1%eth0", sglang_service_user="first.last",
+    read = systemd_reads(render(_sglang_launch_host="fe80::1%eth0", sglang_service_user="first.last",
                                      sglang_launch_chdir="/srv/100%/gpufleet",
                                      sglang_launch_log_file="/srv/100%/gpufleet/%n.log",
                                      sglang_launch_api_key_file="/srv/100%/gpufleet/$KEY.env"))
@@ -332,7 +329,7 @@ def test_the_unit_reads_back_every_value_as_given():
 def test_the_unit_is_not_rendered_with_a_value_the_guard_refuses(field, value):
     name = "sglang_host" if field == "_sglang_launch_host" else field
     with pytest.raises(AnsibleFilterError, match="^%s" % name):
-        render_unit(**{field: value})
+        render(**{field: value})
 
 
 # --- the API key: one bearer token, never shown --------------------------------------------------------------------
