@@ -22,14 +22,6 @@ description:
 version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
-  gpus:
-    description:
-      - GPUs to report, each a zero-based index (C(0), C("3")) or a UUID (C(GPU-8b76e503-...)).
-      - Empty (the default) means every GPU. An index or UUID that does not exist fails the task and
-        lists the GPUs present.
-    type: list
-    elements: raw
-    default: []
   fields:
     description:
       - GPU fields to return per GPU, each by its key in RV(gpus) (V(memory_used_mib)) or by its nvidia-smi
@@ -50,12 +42,6 @@ options:
       - Set to C(false) for a faster answer with GPU fields only.
     type: bool
     default: true
-  expected_count:
-    description:
-      - Number of GPUs this host must have. Fewer fails the task at once (C(error_class=fewer_gpus)),
-        naming the GPUs present. Zero GPUs always fails (C(no_devices)), with or without this option.
-      - Playbooks pass the inventory variable C(gpufleet_expected_gpus) (unset by default).
-    type: int
   timeout_s:
     description:
       - Time limit for the whole call, s. Each C(nvidia-smi) run and C(nvmlInit) gets the time left (at least
@@ -87,20 +73,9 @@ options:
         at its simulated log; keep the default on real hosts. Falls back to the environment variable
         C(GPUFLEET_KMSG_PATH) on the target, then C(/dev/kmsg).
     type: path
-  backend:
-    description:
-      - C(auto) uses NVML when C(nvidia-ml-py) imports and C(nvmlInit) succeeds, else C(nvidia-smi).
-        The return value C(backend_fallback_reason) says why NVML was not used.
-      - C(nvml) requires C(nvidia-ml-py) and a working C(libnvidia-ml.so.1).
-      - C(nvidia-smi) runs C(nvidia-smi --query-gpu=... --format=csv,noheader,nounits) with C(LC_ALL=C).
-        One call runs it 5 times (about 30 ms each on an H200), one after the other - the details query,
-        the banner (for the CUDA version), C(nvlink -s), C(nvlink -e) and C(--query-compute-apps) - and
-        2 times with O(nvlink=false) and O(processes=false).
-    type: str
-    choices: [auto, nvml, nvidia-smi]
-    default: auto
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpufleet.fleet.nvidia_gpu
 attributes:
   check_mode:
     support: full
@@ -112,10 +87,12 @@ attributes:
     support: full
     platforms: linux
 requirements:
-  - nvidia-ml-py (for the NVML backend; C(auto) falls back to nvidia-smi without it)
   - psutil (when I(processes=true))
-  - An NVIDIA driver; C(nvidia-smi) on PATH for the nvidia-smi backend
 notes:
+  - The return value RV(backend_fallback_reason) says why O(backend=auto) did not use NVML. With
+    O(backend=nvidia-smi) one call runs C(nvidia-smi) 5 times (about 30 ms each on an H200), one after the
+    other - the details query, the banner (for the CUDA version), C(nvlink -s), C(nvlink -e) and
+    C(--query-compute-apps) - and 2 times with O(nvlink=false) and O(processes=false).
   - Health fields a GPU does not support (C([N/A]), C([Not Supported]), C(NVMLError_NotSupported)) are
     returned as C(null) with the driver's raw answer in the GPU's C(unsupported) map, rather than failing.
     An H200 prints C([N/A]) for the retired-page fields (it uses row remapping instead).

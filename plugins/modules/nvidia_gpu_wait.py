@@ -24,12 +24,6 @@ description:
 version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
-  gpus:
-    description:
-      - GPUs to wait for, each a zero-based index or a UUID. Empty (the default) means every GPU.
-    type: list
-    elements: raw
-    default: []
   max_used_mib:
     description:
       - A GPU counts as free when its used memory (MiB, reserved memory excluded) is at most this.
@@ -86,21 +80,9 @@ options:
       - When the whole wait began, seconds since the epoch on the target (the C(started_at) a previous slice
         returned). I(timeout_s), C(elapsed_ms) and C(progress) then count from it. Unset means now.
     type: float
-  expected_count:
-    description:
-      - Number of GPUs this host must have; fewer fails at once (C(error_class=fewer_gpus)). Zero GPUs
-        always fails (C(no_devices)); a host with no GPU never reads as free.
-      - Playbooks pass the inventory variable C(gpufleet_expected_gpus) (unset by default).
-    type: int
-  backend:
-    description:
-      - C(auto) uses NVML when C(nvidia-ml-py) imports and C(nvmlInit) succeeds, else C(nvidia-smi).
-      - C(nvml) requires C(nvidia-ml-py); C(nvidia-smi) runs the CLI with C(LC_ALL=C).
-    type: str
-    choices: [auto, nvml, nvidia-smi]
-    default: auto
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpufleet.fleet.nvidia_gpu
 attributes:
   check_mode:
     support: full
@@ -113,10 +95,10 @@ attributes:
     support: full
     platforms: linux
 requirements:
-  - nvidia-ml-py (for the NVML backend; C(auto) falls back to nvidia-smi without it)
   - psutil (to name the holders' command lines in the timeout message; without it only pids and the
     nvidia-smi process names are given)
 notes:
+  - A host with no GPU never reads as free (C(error_class=no_devices)).
   - I(poll_interval_ms) must be at least 1 and I(timeout_s) at least 0. A C(timeout_s=0) checks once.
   - A GPU whose C(memory.used) or C(memory.total) cannot be read (C([N/A]), C([Unknown Error]); NVML
     NotSupported/Unknown) fails at the first poll with C(error_class=field_unavailable), naming the GPU, the
