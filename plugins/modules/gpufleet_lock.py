@@ -129,13 +129,53 @@ lock:
   description:
     - "The owner record after the call (O(state=present), O(state=renewed)), or the holder found
       (O(state=query), O(state=absent): the one removed); null when there is no lock."
-    - "Keys: run_id, controller, pid, user, started (ISO 8601 UTC), started_epoch, renewed, renewed_at,
-      lease_s (s), expires, expires_at (host epoch s); when read: expired (bool), remaining_s (s, negative
-      once expired), legacy (bool: no lease fields, expiry from mtime + lease_s)."
   type: dict
   returned: always
   sample: {run_id: "4711", controller: awx-job-4711-x2f, pid: 12, user: runner, started: "2026-11-30T19:20:00Z",
            renewed: "2026-11-30T19:21:40Z", lease_s: 300, expires: "2026-11-30T19:26:40Z", expires_at: 1796066800.0}
+  contains:
+    run_id:
+      description: The run that holds it (O(owner)).
+      type: str
+    controller:
+      description: The controller the run started from.
+      type: str
+    pid:
+      description: The controller process of the run.
+      type: int
+    user:
+      description: The user the run started as.
+      type: str
+    started:
+      description: When the lock was taken (ISO 8601 UTC).
+      type: str
+    started_epoch:
+      description: When the lock was taken (epoch s).
+      type: float
+    renewed:
+      description: When the lease was last renewed (ISO 8601 UTC).
+      type: str
+    renewed_at:
+      description: When the lease was last renewed (epoch s).
+      type: float
+    lease_s:
+      description: The lease length, s.
+      type: int
+    expires:
+      description: When the lease ends (ISO 8601 UTC).
+      type: str
+    expires_at:
+      description: When the lease ends (host epoch s).
+      type: float
+    expired:
+      description: Whether the lease has ended (when read).
+      type: bool
+    remaining_s:
+      description: Seconds left on the lease, negative once expired (when read).
+      type: float
+    legacy:
+      description: A lock of an earlier release without lease fields; its expiry is its mtime plus O(lease_s) (when read).
+      type: bool
 previous_holder:
   description: The owner record of a lock that was taken over or refused us (same keys as RV(lock)).
   type: dict
