@@ -106,15 +106,20 @@ def shipped(rel, patterns):
     return not any(fnmatch.fnmatch("/".join(parts[:i]), p) for i in range(1, len(parts) + 1) for p in patterns)
 
 
+def tree_files():
+    """The checkout's files that go into the sanity tree (paths relative to the root)."""
+    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+    patterns = _build_ignore()
+    return [f for f in listing if f and (shipped(f, patterns) or f.startswith("tests/sanity/"))
+            and os.path.lexists(os.path.join(ROOT, f))]
+
+
 def collection_tree():
     """Copy the files git knows (tracked, or new and not ignored) that the collection ships, and tests/sanity/
     (the ignore file), into TREE, a fresh git repository; return TREE. The rest of tests/ is the pytest suite
     and its lab, not collection content."""
-    listing = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
-    patterns = _build_ignore()
-    files = [f for f in listing if f and (shipped(f, patterns) or f.startswith("tests/sanity/"))
-             and os.path.lexists(os.path.join(ROOT, f))]
+    files = tree_files()
     shutil.rmtree(os.path.dirname(os.path.dirname(os.path.dirname(TREE))), ignore_errors=True)
     for rel in files:
         src, dst = os.path.join(ROOT, rel), os.path.join(TREE, rel)
@@ -135,7 +140,9 @@ def main(argv):
     venv = sanity_venv()
     _get_pip_standin(venv)
     tree = collection_tree()
-    env = dict(os.environ, HOME=HOME, PATH=os.path.join(venv, "bin") + os.pathsep + os.environ.get("PATH", ""))
+    # PIP_QUIET: ansible-test's installs into its per-test virtualenvs print errors only.
+    env = dict(os.environ, HOME=HOME, PIP_QUIET="1",
+               PATH=os.path.join(venv, "bin") + os.pathsep + os.environ.get("PATH", ""))
     env.pop("ANSIBLE_CONFIG", None)  # the checkout's ansible.cfg is for the playbooks, not for ansible-test
     env.pop("PYTHONPATH", None)
     args = argv or ["--python", PYTHON_VERSION]
