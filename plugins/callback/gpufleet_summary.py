@@ -168,7 +168,7 @@ def _plain(value):
 
 
 def _first_line(text, limit=300):
-    line = " ".join(str(text or "").strip().split("\n")[0].split())
+    line = " ".join(str(text or "").strip().split("\n", maxsplit=1)[0].split())
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 

@@ -34,7 +34,7 @@ def gpufleet_router_inflight(result):
 
 def gpufleet_router_refused(result):
     """Whether a ``uri`` result ``result`` (dict) is a refused connection: status -1 and ECONNREFUSED (errno 111
-    on Linux) in its ``msg``, as ``uri`` reports ``<urlopen error [Errno 111] Connection refused>``. Nothing
+    on Linux) in its ``msg``, as ``uri`` reports ``[Errno 111] Connection refused``. Nothing
     listens on the port then, so no request can be in flight there. A timeout, a reset or an HTTP error is not
     a refusal (returns False)."""
     if not isinstance(result, dict) or str(result.get("status")) != "-1":

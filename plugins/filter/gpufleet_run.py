@@ -29,6 +29,7 @@ default.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -88,7 +89,7 @@ def _serial_item_error(item):
     if isinstance(item, int):
         return "" if item >= 1 else "%d is below 1" % item
     if isinstance(item, float):
-        if item != item or item in (float("inf"), float("-inf")):
+        if math.isnan(item) or item in (float("inf"), float("-inf")):
             return "%r is not a whole number" % (item,)
         return "%r is not a whole number (write %d or a percentage like \"25%%\")" % (item, int(item))
     if isinstance(item, str):
@@ -265,7 +266,7 @@ def _positive_error(name, value, whole, low, hint):
     except ValueError:
         return "%s=%s is not a number; %s" % (name, _show(value), hint)
     high = _HIGHEST.get(name)
-    if number != number or number in (float("inf"), float("-inf")) or number < low or (
+    if math.isnan(number) or number in (float("inf"), float("-inf")) or number < low or (
             low == 0 and number <= 0 and name not in _MAY_BE_ZERO) or (high is not None and number > high):
         return "%s=%s is out of range (%s%s); %s" % (
             name, _show(value), "0" if name in _MAY_BE_ZERO else "more than 0",
@@ -418,9 +419,9 @@ def _min_workers_error(values):
         return ""
     if bound is None or number <= bound:
         return ""
-    return ("sglang_verify_min_workers=%s is more than the %d GPU worker processes the server starts (tp-size × "
+    return ("sglang_verify_min_workers=%s is more than the %s GPU worker processes the server starts (tp-size × "
             "pp-size × dp-size of sglang_launch_args), so the verification of a healthy server would fail; give "
-            "%d or less, or do not set it for tp-size × pp-size" % (_show(wanted), bound, bound))
+            "%s or less, or do not set it for tp-size × pp-size" % (_show(wanted), bound, bound))
 
 
 def gpufleet_guard_errors(values, host=None):
@@ -450,7 +451,7 @@ def gpufleet_guard_errors(values, host=None):
     port = values.get("sglang_port")
     if not gpufleet_unset(port):
         problem = _int_error("sglang_port", port, 1, 65535, "give the HTTP port SGLang listens on where it is set "
-                                                           "(host_vars, group_vars or -e), or leave it empty for 30000")
+                             "(host_vars, group_vars or -e), or leave it empty for 30000")
         if problem:
             errors.append(problem)
     for name, low in (("gpufleet_lock_lease_s", 1), ("gpufleet_lock_stale_s", 1), ("gpufleet_lock_margin_s", 0)):
@@ -703,7 +704,7 @@ def _cut(line, limit):
 def _first_line(text, limit=300):
     if text is None:
         return None
-    return _cut(" ".join(str(text).strip().split("\n")[0].split()), limit)
+    return _cut(" ".join(str(text).strip().split("\n", maxsplit=1)[0].split()), limit)
 
 
 def _one_line(text, limit=300):
@@ -837,7 +838,7 @@ def gpufleet_restart_row(facts):
             rb_pid = _pid((rollback or {}).get("pid"))
             row["advice"] = ("the previous server was relaunched%s and still loads, not serving yet: "
                              "playbooks/check.yml -e target=%s shows when it serves; fix the cause, then %s"
-                             % ((" (pid %d)" % rb_pid) if rb_pid else "", host, rerun))
+                             % ((" (pid %s)" % rb_pid) if rb_pid else "", host, rerun))
         elif serving:
             row["advice"] = ("the new server serves but did not pass verification: fix the cause, then %s"
                              % rerun)

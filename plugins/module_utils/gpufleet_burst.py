@@ -25,12 +25,8 @@ import socket
 import threading
 import time
 
-try:  # Python 3
-    from urllib import request as _urlrequest
-    from urllib.error import HTTPError, URLError
-except ImportError:  # pragma: no cover - the targets run Python 3
-    _urlrequest = None
-    HTTPError = URLError = Exception
+from urllib import request as _urlrequest
+from urllib.error import HTTPError, URLError
 
 DEFAULT_REQUESTS = 32
 DEFAULT_CONCURRENCY = 8
@@ -140,7 +136,7 @@ def run_burst(url, requests=DEFAULT_REQUESTS, concurrency=DEFAULT_CONCURRENCY, m
                     state["first_error"] = error
 
     started = monotonic()
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(max(1, min(concurrency, requests)))]
+    threads = [threading.Thread(target=worker, daemon=True) for dummy in range(max(1, min(concurrency, requests)))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -163,7 +159,7 @@ def burst_message(result):
     others, e.g. ``5 of 32 answered in 3.1 s (8 at a time); 8 got no answer within 3 s; 19 not sent after
     the first request without an answer``."""
     line = "%d of %d answered in %.1f s (%d at a time)" % (result["answered"], result["requests"], result["wall_s"],
-                                                        result["concurrency"])
+                                                           result["concurrency"])
     parts = []
     if result["timed_out"]:
         parts.append("%d got no answer within %g s" % (result["timed_out"], result["timeout_s"]))

@@ -35,7 +35,7 @@ import os
 import re
 import time
 
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_errors import (  # noqa: F401 -- re-exported for the modules
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_errors import (  # noqa: F401 -- re-exported for the modules; pylint: disable=unused-import
     DRIVER_HINT,
     FIELD_HINT,
     HANDLE_HINT,
@@ -733,7 +733,7 @@ SMI_APPS_QUERY = (
 )
 # Fields a driver may not know (memory.reserved, remapped_rows.* are recent); the rest must exist.
 _SMI_REQUIRED = {"index", "uuid", "memory.used", "memory.total", "pid", "gpu_uuid", "name"}
-_KEY_TO_FIELD = {key: field for field, key, _ in SMI_GPU_QUERY}
+_KEY_TO_FIELD = {key: field for field, key, dummy in SMI_GPU_QUERY}
 
 
 def subprocess_runner(argv, timeout_s=None):
@@ -851,9 +851,9 @@ class SmiBackend:
             if len(parts) != len(fields):
                 raise GpuError("nvidia-smi printed a line that does not match the query (%d fields expected): %r"
                                % (len(fields), line), rc=rc, stdout=out, stderr=err)
-            row = {key: None for _, key, _ in spec}
+            row = {key: None for dummy, key, dummy in spec}
             raw_na = {}
-            for (_, key, conv), raw in zip(fields, parts):
+            for (dummy, key, conv), raw in zip(fields, parts):
                 row[key] = conv(raw)
                 if row[key] is None:
                     raw_na[key] = raw
@@ -871,7 +871,7 @@ class SmiBackend:
                 rows = self._query("query-gpu", (("driver_version", "driver_version", _text),))
             driver = rows[0]["driver_version"] if rows else None
             cuda = None
-            rc, out, _ = self._call([])
+            rc, out, dummy = self._call([])
             m = _CUDA_RE.search(out or "")
             if rc == 0 and m:
                 cuda = m.group(1)
@@ -934,7 +934,7 @@ class SmiBackend:
             raw.pop("driver_version", None)
             r["minor_number"] = minors.get(r["index"])
             r["clocks_event_reasons"] = clock_event_reason_names(r["clocks_event_reasons_mask"])
-            for field, key, _ in SMI_GPU_QUERY:
+            for field, key, dummy in SMI_GPU_QUERY:
                 if field in self._dropped:
                     raw[key] = "field %s not known to this nvidia-smi" % field
             r["unsupported"] = raw
@@ -953,7 +953,7 @@ class SmiBackend:
             rc, text, err = self._call(["nvlink", flag])
             if rc != 0:
                 raise GpuError("%s\nnvidia-smi nvlink %s failed (rc %s)" % (first_lines(err + "\n" + text) or
-                                                                           "(no output)", flag, rc),
+                                                                            "(no output)", flag, rc),
                                rc=rc, stdout=text, stderr=err)
             gpu = None
             for line in text.splitlines():
@@ -975,8 +975,8 @@ class SmiBackend:
                 if m:
                     row = links.setdefault((gpu, int(m.group(1))), {"link": int(m.group(1))})
                     row["state"] = "inactive" if "inactive" in m.group(2).lower() else "active"
-        for (gpu, _), row in sorted(links.items()):
-            for _, key in NVLINK_COUNTERS:
+        for (gpu, dummy), row in sorted(links.items()):
+            for dummy, key in NVLINK_COUNTERS:
                 row.setdefault(key, None)
             out[gpu].append(row)
         return out
@@ -1148,7 +1148,7 @@ def gpu_processes(backend, indices, scan_fds=True, proc_root="/proc", exclude_pi
         if p["gpu_index"] not in wanted or p["pid"] in exclude_pids:
             continue
         entry = found[p["gpu_index"]].setdefault(p["pid"], {"pid": p["pid"], "used_memory_mib": None,
-                                                             "process_name": None, "source": []})
+                                                            "process_name": None, "source": []})
         if p["used_memory_mib"] is not None:
             entry["used_memory_mib"] = (entry["used_memory_mib"] or 0) + p["used_memory_mib"]
         entry["process_name"] = entry["process_name"] or p.get("process_name")

@@ -159,7 +159,7 @@ def read_xid_journal(window_min=60, journalctl="journalctl", timeout_s=10.0, run
         xid = parse_xid(msg)
         if not xid:
             continue
-        bus, code, _ = xid
+        bus, code, dummy = xid
         try:
             wall = int(rec.get("__REALTIME_TIMESTAMP")) / 1e6
         except (TypeError, ValueError):

@@ -55,7 +55,7 @@ def unreadable_wait_fields(gpu_info):
 def unreadable_text(entry):
     """One entry of :func:`unreadable_wait_fields` in words: "GPU 3 (GPU-...): memory.used unreadable (reads '[N/A]')"."""
     return "GPU %s (%s): %s unreadable (reads %r)" % (entry.get("index"), entry.get("uuid") or "?", entry["field"],
-                                                     entry.get("raw"))
+                                                      entry.get("raw"))
 
 
 def unreadable_refusal(entries):
@@ -118,7 +118,7 @@ def tp_balance_problem(gpus, baseline_mib, world_size, env=None):
         if total is None or not gpu.get("held_by_stop_set"):
             continue
         free[gpu["index"]] = int(total) - int(gpu.get("memory_reserved_mib") or 0) - wait_limit(gpu["index"], 0,
-                                                                                               baseline_mib)
+                                                                                                baseline_mib)
     if len(free) < 2:
         return ""
     least = min(free, key=lambda i: free[i])

@@ -43,6 +43,7 @@ USER_NAME = gpufleet_unit_values.USER_NAME
 def _has_control(text, allowed=""):
     return any(gpufleet_unit_values.is_control(char) and char not in allowed for char in text)
 
+
 # Directives the unit template (roles/sglang_launch/templates/sglang.service.j2) writes, per section, in every
 # release (UMask= from issue 31 on).
 UNIT_DIRECTIVES = {

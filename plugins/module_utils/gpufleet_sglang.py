@@ -154,7 +154,7 @@ def _version_from_metadata(path):
             for line in handle:
                 if not line.strip():
                     break  # end of the header block (RFC 822 style)
-                key, _, value = line.partition(":")
+                key, dummy, value = line.partition(":")
                 if key.lower() == "name":
                     name = value.strip()
                 elif key.lower() == "version":
@@ -330,7 +330,7 @@ def find_set_envs_files(package_dir, stats=None):
                                 % ("; ".join(unparsable), sys.executable, ".".join(map(str, sys.version_info[:3])),
                                    FUNCTION_NAME))
     if not found:
-        version, _ = read_sglang_version(package_dir)
+        version, dummy = read_sglang_version(package_dir)
         raise SGLangLocateError("no file of sglang %s defines %s() at module level; searched %d .py files under %s%s"
                                 % (version or "(version unknown)", FUNCTION_NAME, scanned, package_dir,
                                    ("; these only name it: " + ", ".join(sorted(names_only))) if names_only else ""))
@@ -437,7 +437,7 @@ def find_anchor(source, filename="<source>"):
     if indent is None:
         raise SGLangLocateError("the statement on line %d in %s() does not start its own line; cannot insert the "
                                 "NCCL block %s it" % (target.lineno, FUNCTION_NAME,
-                                                       "after" if placement == "end_of_body" else "before"))
+                                                      "after" if placement == "end_of_body" else "before"))
     if placement == "end_of_body" and not lines[insert_before - 2].endswith(("\n", "\r")):
         raise SGLangLocateError("%s() ends the file on line %d without a line break; cannot add the NCCL block "
                                 "after it" % (FUNCTION_NAME, insert_before - 1))
@@ -446,7 +446,7 @@ def find_anchor(source, filename="<source>"):
     if early:
         raise SGLangLocateError("%s() has a return on line %s before line %d where the NCCL block would go: the "
                                 "function could end without running it" % (FUNCTION_NAME, ", ".join(map(str, early)),
-                                                                            insert_before))
+                                                                           insert_before))
     return {"function_line": function.lineno, "anchor_line": insert_before, "statement_line": target.lineno,
             "indent": indent, "col_offset": len(indent), "placement": placement}
 

@@ -156,7 +156,7 @@ def _statement_of(function, node):
     best = (None, None)
     stack = [(function, None)]
     while stack:
-        parent, _ = stack.pop()
+        parent, dummy = stack.pop()
         for field in ("body", "orelse", "finalbody", "handlers"):
             body = getattr(parent, field, None)
             if not isinstance(body, list):
@@ -282,7 +282,7 @@ def read_taken_over(block_lines):
         stripped = raw.strip()
         if not stripped.startswith(TAKEN_OVER_PREFIX):
             continue
-        number, _, literal = stripped[len(TAKEN_OVER_PREFIX):].partition(": ")
+        number, dummy, literal = stripped[len(TAKEN_OVER_PREFIX):].partition(": ")
         try:
             text = ast.literal_eval(literal)
             taken.append((int(number.split()[0]), text))

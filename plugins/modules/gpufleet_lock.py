@@ -17,16 +17,16 @@ description:
     holding run renews it at each restart phase (O(state=renewed)) and inside long waits (modules call
     C(renew_lease) of module_utils C(gpufleet_lock)). A run that was killed or cancelled (an AWX job cancel
     runs no C(always:) section) stops renewing, so any controller may take the lock over once it expired."
-  - "O(state=present) takes the lock, or renews it when this O(owner.run_id) holds it already; it fails
+  - "O(state=present) takes the lock, or renews it when the C(run_id) of this O(owner) holds it already; it fails
     naming the holder when another run holds an unexpired lease."
   - O(state=renewed) pushes the lease forward and fails when this run no longer holds the lock.
-  - "O(state=absent) releases the lock this O(owner.run_id) holds (a lock another run took over is left
+  - "O(state=absent) releases the lock the C(run_id) of this O(owner) holds (a lock another run took over is left
     alone); with O(force=true) it removes the lock whoever holds it (C(playbooks/unlock.yml))."
   - O(state=query) only reports the holder.
   - "Concurrent calls on one host are serialised with C(flock(2)) on C(<path>.guard), which the kernel drops
     when the process ends: nothing outlives the module."
 version_added: "1.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   path:
     description: The lock directory; its parent (the state directory) is created (0755) when missing.
@@ -67,6 +67,8 @@ options:
     description: O(state=absent) removes the lock whoever holds it.
     type: bool
     default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -74,6 +76,9 @@ attributes:
   diff_mode:
     support: full
     details: C(owner.json) before and after (empty when absent).
+  platform:
+    support: full
+    platforms: posix
 notes:
   - "Errors: fails when another run holds an unexpired lease (O(state=present); the message names run id,
     controller, pid, user, started, renewed, expires), when this run lost the lock (O(state=renewed)), or
@@ -83,25 +88,25 @@ notes:
 
 EXAMPLES = r"""
 - name: Take the restart lock for this run
-  gpufleet_lock:
+  gpufleet.fleet.gpufleet_lock:
     path: /var/lib/gpufleet/restart.lock
     owner: "{{ gpufleet_run_id | gpufleet_lock_owner }}"
     lease_s: 300
 
 - name: Renew at the start of a long phase
-  gpufleet_lock:
+  gpufleet.fleet.gpufleet_lock:
     path: /var/lib/gpufleet/restart.lock
     state: renewed
     owner: {run_id: "{{ gpufleet_run_id }}"}
 
 - name: Show who holds the lock
-  gpufleet_lock:
+  gpufleet.fleet.gpufleet_lock:
     path: /var/lib/gpufleet/restart.lock
     state: query
   register: lock
 
 - name: Remove the lock whoever holds it
-  gpufleet_lock:
+  gpufleet.fleet.gpufleet_lock:
     path: /var/lib/gpufleet/restart.lock
     state: absent
     force: true
@@ -124,13 +129,53 @@ lock:
   description:
     - "The owner record after the call (O(state=present), O(state=renewed)), or the holder found
       (O(state=query), O(state=absent): the one removed); null when there is no lock."
-    - "Keys: run_id, controller, pid, user, started (ISO 8601 UTC), started_epoch, renewed, renewed_at,
-      lease_s (s), expires, expires_at (host epoch s); when read: expired (bool), remaining_s (s, negative
-      once expired), legacy (bool: no lease fields, expiry from mtime + lease_s)."
   type: dict
   returned: always
   sample: {run_id: "4711", controller: awx-job-4711-x2f, pid: 12, user: runner, started: "2026-11-30T19:20:00Z",
            renewed: "2026-11-30T19:21:40Z", lease_s: 300, expires: "2026-11-30T19:26:40Z", expires_at: 1796066800.0}
+  contains:
+    run_id:
+      description: The run that holds it (O(owner)).
+      type: str
+    controller:
+      description: The controller the run started from.
+      type: str
+    pid:
+      description: The controller process of the run.
+      type: int
+    user:
+      description: The user the run started as.
+      type: str
+    started:
+      description: When the lock was taken (ISO 8601 UTC).
+      type: str
+    started_epoch:
+      description: When the lock was taken (epoch s).
+      type: float
+    renewed:
+      description: When the lease was last renewed (ISO 8601 UTC).
+      type: str
+    renewed_at:
+      description: When the lease was last renewed (epoch s).
+      type: float
+    lease_s:
+      description: The lease length, s.
+      type: int
+    expires:
+      description: When the lease ends (ISO 8601 UTC).
+      type: str
+    expires_at:
+      description: When the lease ends (host epoch s).
+      type: float
+    expired:
+      description: Whether the lease has ended (when read).
+      type: bool
+    remaining_s:
+      description: Seconds left on the lease, negative once expired (when read).
+      type: float
+    legacy:
+      description: A lock of an earlier release without lease fields; its expiry is its mtime plus O(lease_s) (when read).
+      type: bool
 previous_holder:
   description: The owner record of a lock that was taken over or refused us (same keys as RV(lock)).
   type: dict
@@ -149,8 +194,8 @@ import gc
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_lock import (LockError, LockLost, describe, read_holder, release_lease, remove_lock,
-                                                renew_lease, take_lease)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_lock import (
+    LockError, LockLost, describe, read_holder, release_lease, remove_lock, renew_lease, take_lease)
 
 
 def _public(record):

@@ -20,16 +20,8 @@ description:
     (C(nvidia-smi), DCGM, C(nvidia-persistenced), monitors), so a holder is not necessarily a memory user.
   - The module's own process is left out of the process lists.
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
-  gpus:
-    description:
-      - GPUs to report, each a zero-based index (C(0), C("3")) or a UUID (C(GPU-8b76e503-...)).
-      - Empty (the default) means every GPU. An index or UUID that does not exist fails the task and
-        lists the GPUs present.
-    type: list
-    elements: raw
-    default: []
   fields:
     description:
       - GPU fields to return per GPU, each by its key in RV(gpus) (V(memory_used_mib)) or by its nvidia-smi
@@ -50,12 +42,6 @@ options:
       - Set to C(false) for a faster answer with GPU fields only.
     type: bool
     default: true
-  expected_count:
-    description:
-      - Number of GPUs this host must have. Fewer fails the task at once (C(error_class=fewer_gpus)),
-        naming the GPUs present. Zero GPUs always fails (C(no_devices)), with or without this option.
-      - Playbooks pass the inventory variable C(gpufleet_expected_gpus) (unset by default).
-    type: int
   timeout_s:
     description:
       - Time limit for the whole call, s. Each C(nvidia-smi) run and C(nvmlInit) gets the time left (at least
@@ -87,30 +73,26 @@ options:
         at its simulated log; keep the default on real hosts. Falls back to the environment variable
         C(GPUFLEET_KMSG_PATH) on the target, then C(/dev/kmsg).
     type: path
-  backend:
-    description:
-      - C(auto) uses NVML when C(nvidia-ml-py) imports and C(nvmlInit) succeeds, else C(nvidia-smi).
-        The return value C(backend_fallback_reason) says why NVML was not used.
-      - C(nvml) requires C(nvidia-ml-py) and a working C(libnvidia-ml.so.1).
-      - C(nvidia-smi) runs C(nvidia-smi --query-gpu=... --format=csv,noheader,nounits) with C(LC_ALL=C).
-        One call runs it 5 times (about 30 ms each on an H200), one after the other - the details query,
-        the banner (for the CUDA version), C(nvlink -s), C(nvlink -e) and C(--query-compute-apps) - and
-        2 times with O(nvlink=false) and O(processes=false).
-    type: str
-    choices: [auto, nvml, nvidia-smi]
-    default: auto
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpufleet.fleet.nvidia_gpu
 attributes:
   check_mode:
     support: full
-    description: Read-only; runs the same in check mode.
+    details: Read-only; runs the same in check mode.
   diff_mode:
     support: none
-    description: Changes nothing, so there is nothing to diff.
+    details: Changes nothing, so there is nothing to diff.
+  platform:
+    support: full
+    platforms: linux
 requirements:
-  - nvidia-ml-py (for the NVML backend; C(auto) falls back to nvidia-smi without it)
   - psutil (when I(processes=true))
-  - An NVIDIA driver; C(nvidia-smi) on PATH for the nvidia-smi backend
 notes:
+  - The return value RV(backend_fallback_reason) says why O(backend=auto) did not use NVML. With
+    O(backend=nvidia-smi) one call runs C(nvidia-smi) 5 times (about 30 ms each on an H200), one after the
+    other - the details query, the banner (for the CUDA version), C(nvlink -s), C(nvlink -e) and
+    C(--query-compute-apps) - and 2 times with O(nvlink=false) and O(processes=false).
   - Health fields a GPU does not support (C([N/A]), C([Not Supported]), C(NVMLError_NotSupported)) are
     returned as C(null) with the driver's raw answer in the GPU's C(unsupported) map, rather than failing.
     An H200 prints C([N/A]) for the retired-page fields (it uses row remapping instead).
@@ -121,12 +103,12 @@ notes:
     C(backend_unavailable), C(missing_library), C(bad_selector) and C(backend_error). A failure due to the
     driver or a GPU also lists the Xid events found in the kernel log.
 seealso:
-  - module: nvidia_gpu_wait
+  - module: gpufleet.fleet.nvidia_gpu_wait
 """
 
 EXAMPLES = r"""
 - name: Report all GPUs with their processes
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
   register: gpu
 
 - name: Show memory per GPU
@@ -135,12 +117,12 @@ EXAMPLES = r"""
 
 - name: Memory and utilization only, as nvidia-smi names them
   # ad hoc: ansible gpu_hosts -m gpufleet.fleet.nvidia_gpu_info -a 'fields=memory.used,utilization.gpu xid_window_min=0'
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
     fields: [memory.used, memory.total, utilization.gpu]
     xid_window_min: 0
 
 - name: Two GPUs by index and one by UUID, no process discovery, force nvidia-smi
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
     gpus: [0, 1, GPU-8b76e503-d849-6334-acea-f57e29736cb3]
     processes: false
     backend: nvidia-smi
@@ -150,7 +132,7 @@ EXAMPLES = r"""
     that: gpu.gpus | selectattr('remapped_rows_pending') | list | length == 0
 
 - name: Require 8 GPUs, read Xid events of the last 30 minutes as root (dmesg_restrict)
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
     expected_count: 8
     xid_window_min: 30
     processes: false
@@ -197,51 +179,128 @@ gpus:
   type: list
   elements: dict
   contains:
-    index: {description: "Zero-based GPU index (NVML enumeration order, nvidia-smi index).", type: int}
-    uuid: {description: GPU UUID (nvmlDeviceGetUUID, nvidia-smi uuid)., type: str,
-           sample: GPU-8b76e503-d849-6334-acea-f57e29736cb3}
-    name: {description: Product name., type: str, sample: NVIDIA H200}
-    pci_bus_id: {description: PCI bus id., type: str, sample: "00000000:00:06.0"}
-    minor_number: {description: "N of /dev/nvidia<N> (nvmlDeviceGetMinorNumber, or
-                   /proc/driver/nvidia/gpus/<bus>/information); null when unknown.", type: int}
-    memory_used_mib: {description: "Used memory in MiB, without reserved memory (NVML v2 used,
-                      nvidia-smi memory.used).", type: int, sample: 31339}
-    memory_total_mib: {description: Total memory in MiB., type: int, sample: 143771}
-    memory_reserved_mib: {description: "Memory the driver reserves, MiB (NVML v2 reserved, nvidia-smi
-                          memory.reserved); null when the driver does not report it.", type: int, sample: 616}
-    utilization_gpu_pct: {description: "GPU utilisation over the last sample period, percent.", type: int}
-    temperature_gpu_c: {description: "GPU core temperature, degrees C.", type: int, sample: 35}
-    power_draw_w: {description: "Power draw in W (nvmlDeviceGetPowerUsage / 1000, nvidia-smi power.draw).",
-                   type: float, sample: 78.94}
-    power_limit_w: {description: "Power management limit in W (nvmlDeviceGetPowerManagementLimit,
-                    nvidia-smi power.limit).", type: float, sample: 700.0}
-    persistence_mode: {description: "C(Enabled) or C(Disabled).", type: str}
-    compute_mode: {description: "C(Default), C(Exclusive_Process) or C(Prohibited).", type: str}
-    ecc_errors_corrected_volatile_total: {description: "Corrected ECC errors since the driver loaded
-                                          (nvmlDeviceGetTotalEccErrors, volatile); null without ECC.",
-                                          type: int}
-    ecc_errors_uncorrected_volatile_total: {description: Uncorrected ECC errors since the driver loaded.,
-                                            type: int}
-    remapped_rows_correctable: {description: Rows remapped for correctable errors (nvmlDeviceGetRemappedRows).,
-                                type: int}
-    remapped_rows_uncorrectable: {description: Rows remapped for uncorrectable errors., type: int}
-    remapped_rows_pending: {description: "True when a remap waits for a GPU reset (remapped_rows.pending).",
-                            type: bool}
-    remapped_rows_failure: {description: "True when a remap failed, GPU needs service (remapped_rows.failure).",
-                            type: bool}
-    serial: {description: "Board serial number (nvmlDeviceGetSerial, nvidia-smi serial).", type: str,
-             sample: "1650000000001"}
-    vbios_version: {description: "VBIOS version (nvmlDeviceGetVbiosVersion, vbios_version).", type: str,
-                    sample: 96.00.A5.00.1A}
-    temperature_memory_c: {description: "HBM temperature, degrees C (nvmlDeviceGetFieldValues
-                           NVML_FI_DEV_MEMORY_TEMP, temperature.memory); null where not reported.",
-                           type: int, sample: 34}
-    pstate: {description: "Performance state C(P0) (max) .. C(P12) (min) (nvmlDeviceGetPerformanceState,
-             pstate).", type: str, sample: P0}
-    clocks_sm_mhz: {description: "Current SM clock, MHz (nvmlDeviceGetClockInfo NVML_CLOCK_SM, clocks.sm).",
-                    type: int, sample: 1980}
-    clocks_max_sm_mhz: {description: "Maximum SM clock, MHz (nvmlDeviceGetMaxClockInfo, clocks.max.sm).",
-                        type: int, sample: 1980}
+    index:
+      description: >-
+        Zero-based GPU index (NVML enumeration order, nvidia-smi index).
+      type: int
+    uuid:
+      description: >-
+        GPU UUID (nvmlDeviceGetUUID, nvidia-smi uuid).
+      type: str
+      sample: GPU-8b76e503-d849-6334-acea-f57e29736cb3
+    name:
+      description: >-
+        Product name.
+      type: str
+      sample: NVIDIA H200
+    pci_bus_id:
+      description: >-
+        PCI bus id.
+      type: str
+      sample: "00000000:00:06.0"
+    minor_number:
+      description: >-
+        N of /dev/nvidia<N> (nvmlDeviceGetMinorNumber, or /proc/driver/nvidia/gpus/<bus>/information); null when
+        unknown.
+      type: int
+    memory_used_mib:
+      description: >-
+        Used memory in MiB, without reserved memory (NVML v2 used, nvidia-smi memory.used).
+      type: int
+      sample: 31339
+    memory_total_mib:
+      description: >-
+        Total memory in MiB.
+      type: int
+      sample: 143771
+    memory_reserved_mib:
+      description: >-
+        Memory the driver reserves, MiB (NVML v2 reserved, nvidia-smi memory.reserved); null when the driver does
+        not report it.
+      type: int
+      sample: 616
+    utilization_gpu_pct:
+      description: >-
+        GPU utilisation over the last sample period, percent.
+      type: int
+    temperature_gpu_c:
+      description: >-
+        GPU core temperature, degrees C.
+      type: int
+      sample: 35
+    power_draw_w:
+      description: >-
+        Power draw in W (nvmlDeviceGetPowerUsage / 1000, nvidia-smi power.draw).
+      type: float
+      sample: 78.94
+    power_limit_w:
+      description: >-
+        Power management limit in W (nvmlDeviceGetPowerManagementLimit, nvidia-smi power.limit).
+      type: float
+      sample: 700.0
+    persistence_mode:
+      description: >-
+        C(Enabled) or C(Disabled).
+      type: str
+    compute_mode:
+      description: >-
+        C(Default), C(Exclusive_Process) or C(Prohibited).
+      type: str
+    ecc_errors_corrected_volatile_total:
+      description: >-
+        Corrected ECC errors since the driver loaded (nvmlDeviceGetTotalEccErrors, volatile); null without ECC.
+      type: int
+    ecc_errors_uncorrected_volatile_total:
+      description: >-
+        Uncorrected ECC errors since the driver loaded.
+      type: int
+    remapped_rows_correctable:
+      description: >-
+        Rows remapped for correctable errors (nvmlDeviceGetRemappedRows).
+      type: int
+    remapped_rows_uncorrectable:
+      description: >-
+        Rows remapped for uncorrectable errors.
+      type: int
+    remapped_rows_pending:
+      description: >-
+        True when a remap waits for a GPU reset (remapped_rows.pending).
+      type: bool
+    remapped_rows_failure:
+      description: >-
+        True when a remap failed, GPU needs service (remapped_rows.failure).
+      type: bool
+    serial:
+      description: >-
+        Board serial number (nvmlDeviceGetSerial, nvidia-smi serial).
+      type: str
+      sample: "1650000000001"
+    vbios_version:
+      description: >-
+        VBIOS version (nvmlDeviceGetVbiosVersion, vbios_version).
+      type: str
+      sample: 96.00.A5.00.1A
+    temperature_memory_c:
+      description: >-
+        HBM temperature, degrees C (nvmlDeviceGetFieldValues NVML_FI_DEV_MEMORY_TEMP, temperature.memory); null
+        where not reported.
+      type: int
+      sample: 34
+    pstate:
+      description: >-
+        Performance state C(P0) (max) .. C(P12) (min) (nvmlDeviceGetPerformanceState, pstate).
+      type: str
+      sample: P0
+    clocks_sm_mhz:
+      description: >-
+        Current SM clock, MHz (nvmlDeviceGetClockInfo NVML_CLOCK_SM, clocks.sm).
+      type: int
+      sample: 1980
+    clocks_max_sm_mhz:
+      description: >-
+        Maximum SM clock, MHz (nvmlDeviceGetMaxClockInfo, clocks.max.sm).
+      type: int
+      sample: 1980
     clocks_event_reasons_mask:
       description: "Active clock event (throttle) reasons as a bit mask (nvmlDeviceGetCurrentClocksEventReasons,
         clocks_event_reasons.active). 1 = GPU idle, 0 = not throttled."
@@ -254,31 +313,62 @@ gpus:
       type: list
       elements: str
       sample: [gpu_idle]
-    pcie_link_gen_current: {description: "Current PCIe generation (nvmlDeviceGetCurrPcieLinkGeneration,
-                            pcie.link.gen.current); idle GPUs may train down.", type: int, sample: 5}
-    pcie_link_gen_max: {description: "Maximum PCIe generation of GPU and system (nvmlDeviceGetMaxPcieLinkGeneration,
-                        pcie.link.gen.max).", type: int, sample: 5}
-    pcie_link_width_current: {description: "Current PCIe lanes (nvmlDeviceGetCurrPcieLinkWidth,
-                              pcie.link.width.current).", type: int, sample: 16}
-    pcie_link_width_max: {description: "Maximum PCIe lanes (nvmlDeviceGetMaxPcieLinkWidth, pcie.link.width.max).",
-                          type: int, sample: 16}
-    mig_mode_current: {description: "C(Enabled) or C(Disabled) (nvmlDeviceGetMigMode, mig.mode.current).",
-                       type: str}
-    mig_mode_pending: {description: "MIG mode after the next GPU reset (mig.mode.pending).", type: str}
-    ecc_mode_current: {description: "C(Enabled) or C(Disabled) (nvmlDeviceGetEccMode, ecc.mode.current).",
-                       type: str}
-    ecc_errors_corrected_aggregate_total: {description: "Corrected ECC errors over the GPU's life
-                                           (nvmlDeviceGetTotalEccErrors NVML_AGGREGATE_ECC,
-                                           ecc.errors.corrected.aggregate.total).", type: int}
-    ecc_errors_uncorrected_aggregate_total: {description: "Uncorrected ECC errors over the GPU's life.", type: int}
-    retired_pages_single_bit_ecc_count: {description: "Pages retired for repeated single-bit errors
-                                         (nvmlDeviceGetRetiredPages, retired_pages.single_bit_ecc.count);
-                                         null on GPUs with row remapping (H100, H200).", type: int}
-    retired_pages_double_bit_ecc_count: {description: "Pages retired for double-bit errors
-                                         (retired_pages.double_bit.count); null on H100/H200.", type: int}
-    retired_pages_pending: {description: "True when a page retirement waits for a reboot
-                            (nvmlDeviceGetRetiredPagesPendingStatus, retired_pages.pending); null on H200.",
-                            type: bool}
+    pcie_link_gen_current:
+      description: >-
+        Current PCIe generation (nvmlDeviceGetCurrPcieLinkGeneration, pcie.link.gen.current); idle GPUs may train
+        down.
+      type: int
+      sample: 5
+    pcie_link_gen_max:
+      description: >-
+        Maximum PCIe generation of GPU and system (nvmlDeviceGetMaxPcieLinkGeneration, pcie.link.gen.max).
+      type: int
+      sample: 5
+    pcie_link_width_current:
+      description: >-
+        Current PCIe lanes (nvmlDeviceGetCurrPcieLinkWidth, pcie.link.width.current).
+      type: int
+      sample: 16
+    pcie_link_width_max:
+      description: >-
+        Maximum PCIe lanes (nvmlDeviceGetMaxPcieLinkWidth, pcie.link.width.max).
+      type: int
+      sample: 16
+    mig_mode_current:
+      description: >-
+        C(Enabled) or C(Disabled) (nvmlDeviceGetMigMode, mig.mode.current).
+      type: str
+    mig_mode_pending:
+      description: >-
+        MIG mode after the next GPU reset (mig.mode.pending).
+      type: str
+    ecc_mode_current:
+      description: >-
+        C(Enabled) or C(Disabled) (nvmlDeviceGetEccMode, ecc.mode.current).
+      type: str
+    ecc_errors_corrected_aggregate_total:
+      description: >-
+        Corrected ECC errors over the GPU's life (nvmlDeviceGetTotalEccErrors NVML_AGGREGATE_ECC,
+        ecc.errors.corrected.aggregate.total).
+      type: int
+    ecc_errors_uncorrected_aggregate_total:
+      description: >-
+        Uncorrected ECC errors over the GPU's life.
+      type: int
+    retired_pages_single_bit_ecc_count:
+      description: >-
+        Pages retired for repeated single-bit errors (nvmlDeviceGetRetiredPages,
+        retired_pages.single_bit_ecc.count); null on GPUs with row remapping (H100, H200).
+      type: int
+    retired_pages_double_bit_ecc_count:
+      description: >-
+        Pages retired for double-bit errors (retired_pages.double_bit.count); null on H100/H200.
+      type: int
+    retired_pages_pending:
+      description: >-
+        True when a page retirement waits for a reboot (nvmlDeviceGetRetiredPagesPendingStatus,
+        retired_pages.pending); null on H200.
+      type: bool
     unsupported:
       description: "Fields of this GPU that read null, each with the driver's raw answer: nvidia-smi's text
         (C([N/A]), C([Not Supported]), C([Unknown Error])) or the NVML error and call. With processes, also
@@ -292,30 +382,65 @@ gpus:
       type: list
       elements: dict
       contains:
-        link: {description: Link number., type: int}
-        state: {description: "C(active) or C(inactive) (nvmlDeviceGetNvLinkState; nvidia-smi nvlink -s
-                C(<inactive>)).", type: str}
-        replay_errors: {description: "Data-link replay errors (nvmlDeviceGetNvLinkErrorCounter
-                        NVML_NVLINK_ERROR_DL_REPLAY, nvidia-smi nvlink -e).", type: int}
-        recovery_errors: {description: Data-link recovery errors (NVML_NVLINK_ERROR_DL_RECOVERY)., type: int}
-        crc_flit_errors: {description: Flit CRC errors (NVML_NVLINK_ERROR_DL_CRC_FLIT)., type: int}
-        crc_data_errors: {description: Data CRC errors (NVML_NVLINK_ERROR_DL_CRC_DATA); null where not
-                          counted., type: int}
+        link:
+          description: >-
+            Link number.
+          type: int
+        state:
+          description: >-
+            C(active) or C(inactive) (nvmlDeviceGetNvLinkState; nvidia-smi nvlink -s C(<inactive>)).
+          type: str
+        replay_errors:
+          description: >-
+            Data-link replay errors (nvmlDeviceGetNvLinkErrorCounter NVML_NVLINK_ERROR_DL_REPLAY, nvidia-smi nvlink
+            -e).
+          type: int
+        recovery_errors:
+          description: >-
+            Data-link recovery errors (NVML_NVLINK_ERROR_DL_RECOVERY).
+          type: int
+        crc_flit_errors:
+          description: >-
+            Flit CRC errors (NVML_NVLINK_ERROR_DL_CRC_FLIT).
+          type: int
+        crc_data_errors:
+          description: >-
+            Data CRC errors (NVML_NVLINK_ERROR_DL_CRC_DATA); null where not counted.
+          type: int
     processes:
       description: Processes on this GPU (only with I(processes=true)).
       type: list
       elements: dict
       contains:
-        pid: {description: Process id (in the target's PID namespace)., type: int}
-        used_memory_mib: {description: "GPU memory of this process, MiB; null when only the fd scan found
-                          it or the driver cannot tell.", type: int}
-        name: {description: Process name (psutil; nvidia-smi process_name when psutil cannot see it)., type: str}
-        cmdline: {description: "Command line joined with spaces; null when unreadable.", type: str}
-        user: {description: Owner user name., type: str}
-        source: {description: "Where it was found: C(nvml) or C(nvidia-smi), and/or C(proc_fd).",
-                 type: list, elements: str}
-        kind: {description: "C(monitor) for a known GPU watcher (nvidia-smi, nvidia-persistenced, DCGM,
-               exporters), else C(gpu).", type: str}
+        pid:
+          description: >-
+            Process id (in the target's PID namespace).
+          type: int
+        used_memory_mib:
+          description: >-
+            GPU memory of this process, MiB; null when only the fd scan found it or the driver cannot tell.
+          type: int
+        name:
+          description: >-
+            Process name (psutil; nvidia-smi process_name when psutil cannot see it).
+          type: str
+        cmdline:
+          description: >-
+            Command line joined with spaces; null when unreadable.
+          type: str
+        user:
+          description: >-
+            Owner user name.
+          type: str
+        source:
+          description: >-
+            Where it was found: C(nvml) or C(nvidia-smi), and/or C(proc_fd).
+          type: list
+          elements: str
+        kind:
+          description: >-
+            C(monitor) for a known GPU watcher (nvidia-smi, nvidia-persistenced, DCGM, exporters), else C(gpu).
+          type: str
 device_holders:
   description: Every process with a /dev/nvidia* file open (read from every thread's fd table, so a
     C(<defunct>) process whose other thread still holds the GPU is found), including those that hold only
@@ -327,12 +452,33 @@ device_holders:
   type: list
   elements: dict
   contains:
-    pid: {description: Process id., type: int}
-    name: {description: Process name., type: str}
-    cmdline: {description: Command line joined with spaces., type: str}
-    user: {description: Owner user name., type: str}
-    devices: {description: Open device paths., type: list, elements: str, sample: ["/dev/nvidia0", "/dev/nvidiactl"]}
-    gpu_indices: {description: GPUs whose /dev/nvidia<N> it holds (empty when none)., type: list, elements: int}
+    pid:
+      description: >-
+        Process id.
+      type: int
+    name:
+      description: >-
+        Process name.
+      type: str
+    cmdline:
+      description: >-
+        Command line joined with spaces.
+      type: str
+    user:
+      description: >-
+        Owner user name.
+      type: str
+    devices:
+      description: >-
+        Open device paths.
+      type: list
+      elements: str
+      sample: ["/dev/nvidia0", "/dev/nvidiactl"]
+    gpu_indices:
+      description: >-
+        GPUs whose /dev/nvidia<N> it holds (empty when none).
+      type: list
+      elements: int
     kind:
       description: "C(gpu) (holds a /dev/nvidia<N>), C(shared_only) (only nvidiactl / nvidia-uvm: a CUDA or
         NVML client that may still hold memory through the driver) or C(monitor) (known watcher by name)."
@@ -345,15 +491,34 @@ xid_events:
   type: list
   elements: dict
   contains:
-    xid: {description: "Xid number (79 = fell off the bus, 48 = double-bit ECC, 94/95 = contained /
-          uncontained ECC, 63/64 = row remap).", type: int, sample: 79}
-    pci_bus_id: {description: "PCI bus id of the GPU, in nvidia-smi's form.", type: str, sample: "00000000:1B:00.0"}
-    gpu_index: {description: "Index of that GPU on this host; null when no present GPU has that bus id.",
-                type: int}
-    time: {description: "When the kernel logged it, ISO 8601 UTC (boot time + record time).", type: str}
-    uptime_s: {description: "Seconds since boot of the record.", type: float}
-    text: {description: The kernel log line., type: str,
-           sample: "NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."}
+    xid:
+      description: >-
+        Xid number (79 = fell off the bus, 48 = double-bit ECC, 94/95 = contained / uncontained ECC, 63/64 = row
+        remap).
+      type: int
+      sample: 79
+    pci_bus_id:
+      description: >-
+        PCI bus id of the GPU, in nvidia-smi's form.
+      type: str
+      sample: "00000000:1B:00.0"
+    gpu_index:
+      description: >-
+        Index of that GPU on this host; null when no present GPU has that bus id.
+      type: int
+    time:
+      description: >-
+        When the kernel logged it, ISO 8601 UTC (boot time + record time).
+      type: str
+    uptime_s:
+      description: >-
+        Seconds since boot of the record.
+      type: float
+    text:
+      description: >-
+        The kernel log line.
+      type: str
+      sample: "NVRM: Xid (PCI:0000:1b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 xid_status:
   description: "C(ok) (log read; an empty C(xid_events) means none), C(unknown) (not readable) or C(skipped)."
   returned: success and on driver/GPU failures
@@ -417,7 +582,7 @@ def xid_text(report):
 
 # The lists a GPU entry can carry besides GPU_FIELDS, and the nvidia-smi --query-gpu name of each field.
 LIST_FIELDS = ("nvlinks", "processes")
-SMI_NAMES = {smi: key for smi, key, _ in SMI_GPU_QUERY if key in GPU_FIELDS}
+SMI_NAMES = {smi: key for smi, key, dummy in SMI_GPU_QUERY if key in GPU_FIELDS}
 
 
 def resolve_fields(names):

@@ -22,14 +22,8 @@ description:
     v2), but a GPU with a live CUDA context still shows a few hundred MiB.
   - Never changes anything, so it also waits in check mode. C(changed) is always false.
 version_added: "0.1.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
-  gpus:
-    description:
-      - GPUs to wait for, each a zero-based index or a UUID. Empty (the default) means every GPU.
-    type: list
-    elements: raw
-    default: []
   max_used_mib:
     description:
       - A GPU counts as free when its used memory (MiB, reserved memory excluded) is at most this.
@@ -44,7 +38,7 @@ options:
   baseline_mib:
     description:
       - "Memory others held on a GPU while the old server ran, C({GPU index: MiB}) (the C(sglang_preflight) role
-        measures it: C(gpu_after_stop.baseline_mib) of M(sglang_host_info)). Such a GPU counts as free at that
+        measures it: C(gpu_after_stop.baseline_mib) of M(gpufleet.fleet.sglang_host_info)). Such a GPU counts as free at that
         memory plus O(max_used_mib): the wait is for the server's own memory, not for memory of a process no GPU
         list names (a container's job) that will not go."
       - Empty (the default) means every GPU must come down to O(max_used_mib).
@@ -86,50 +80,43 @@ options:
       - When the whole wait began, seconds since the epoch on the target (the C(started_at) a previous slice
         returned). I(timeout_s), C(elapsed_ms) and C(progress) then count from it. Unset means now.
     type: float
-  expected_count:
-    description:
-      - Number of GPUs this host must have; fewer fails at once (C(error_class=fewer_gpus)). Zero GPUs
-        always fails (C(no_devices)); a host with no GPU never reads as free.
-      - Playbooks pass the inventory variable C(gpufleet_expected_gpus) (unset by default).
-    type: int
-  backend:
-    description:
-      - C(auto) uses NVML when C(nvidia-ml-py) imports and C(nvmlInit) succeeds, else C(nvidia-smi).
-      - C(nvml) requires C(nvidia-ml-py); C(nvidia-smi) runs the CLI with C(LC_ALL=C).
-    type: str
-    choices: [auto, nvml, nvidia-smi]
-    default: auto
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - gpufleet.fleet.nvidia_gpu
 attributes:
   check_mode:
     support: full
-    description: Waiting changes nothing, so the module waits in check mode too (an AWX Check job
+    details: Waiting changes nothing, so the module waits in check mode too (an AWX Check job
       still proves the GPUs are free).
   diff_mode:
     support: none
-    description: Changes nothing.
+    details: Changes nothing.
+  platform:
+    support: full
+    platforms: linux
 requirements:
-  - nvidia-ml-py (for the NVML backend; C(auto) falls back to nvidia-smi without it)
   - psutil (to name the holders' command lines in the timeout message; without it only pids and the
     nvidia-smi process names are given)
 notes:
+  - A host with no GPU never reads as free (C(error_class=no_devices)).
   - I(poll_interval_ms) must be at least 1 and I(timeout_s) at least 0. A C(timeout_s=0) checks once.
   - A GPU whose C(memory.used) or C(memory.total) cannot be read (C([N/A]), C([Unknown Error]); NVML
     NotSupported/Unknown) fails at the first poll with C(error_class=field_unavailable), naming the GPU, the
     field and the raw text, instead of waiting out the timeout.
-  - Failures carry C(error_class), the same values as M(nvidia_gpu_info) plus C(not_released) (memory
+  - Failures carry C(error_class), the same values as M(gpufleet.fleet.nvidia_gpu_info) plus C(not_released) (memory
     still in use at the end of I(timeout_s)) and C(field_unavailable). The message starts with the
     driver's own text.
 seealso:
-  - module: nvidia_gpu_info
+  - module: gpufleet.fleet.nvidia_gpu_info
 """
 
 EXAMPLES = r"""
 - name: Wait up to 2 minutes until every GPU is free
-  nvidia_gpu_wait:
+  gpufleet.fleet.nvidia_gpu_wait:
     timeout_s: 120
 
 - name: Wait for GPUs 0-3, also requiring that no compute process is left, with nvidia-smi
-  nvidia_gpu_wait:
+  gpufleet.fleet.nvidia_gpu_wait:
     gpus: [0, 1, 2, 3]
     require_no_processes: true
     backend: nvidia-smi
@@ -142,7 +129,7 @@ EXAMPLES = r"""
     msg: "GPU memory free after {{ waited.elapsed_ms }} ms ({{ waited.polls }} polls)"
 
 - name: One 10 s slice of a 120 s wait (the gpu_memory_wait role loops over these and prints progress)
-  nvidia_gpu_wait:
+  gpufleet.fleet.nvidia_gpu_wait:
     timeout_s: 120
     slice_s: 10
     expected_count: 8
@@ -184,7 +171,7 @@ error_class:
   type: str
   sample: not_released
 device_holders:
-  description: On not_released, every process with a /dev/nvidia* file open, as in M(nvidia_gpu_info)
+  description: On not_released, every process with a /dev/nvidia* file open, as in M(gpufleet.fleet.nvidia_gpu_info)
     (C(kind) C(gpu), C(shared_only) or C(monitor)).
   returned: on not_released
   type: list
@@ -217,32 +204,72 @@ gpus:
   type: list
   elements: dict
   contains:
-    index: {description: GPU index., type: int}
-    uuid: {description: GPU UUID., type: str}
-    memory_used_mib: {description: "Used memory, MiB (reserved excluded).", type: int}
-    memory_total_mib: {description: "Total memory, MiB.", type: int}
-    memory_reserved_mib: {description: "Reserved memory, MiB; null when unknown.", type: int}
-    free: {description: "True when this GPU met the condition at the last poll.", type: bool}
+    index:
+      description: >-
+        GPU index.
+      type: int
+    uuid:
+      description: >-
+        GPU UUID.
+      type: str
+    memory_used_mib:
+      description: >-
+        Used memory, MiB (reserved excluded).
+      type: int
+    memory_total_mib:
+      description: >-
+        Total memory, MiB.
+      type: int
+    memory_reserved_mib:
+      description: >-
+        Reserved memory, MiB; null when unknown.
+      type: int
+    free:
+      description: >-
+        True when this GPU met the condition at the last poll.
+      type: bool
     processes:
       description: Compute processes and fd holders on this GPU (filled on timeout, or when
         I(require_no_processes) read them).
       type: list
       elements: dict
       contains:
-        pid: {description: Process id., type: int}
-        used_memory_mib: {description: "MiB held; null when unknown.", type: int}
-        name: {description: Process name., type: str}
-        cmdline: {description: Command line., type: str}
-        user: {description: Owner., type: str}
-        source: {description: "C(nvml)/C(nvidia-smi) and/or C(proc_fd).", type: list, elements: str}
-        kind: {description: "C(gpu), or C(monitor) for a known GPU watcher.", type: str}
+        pid:
+          description: >-
+            Process id.
+          type: int
+        used_memory_mib:
+          description: >-
+            MiB held; null when unknown.
+          type: int
+        name:
+          description: >-
+            Process name.
+          type: str
+        cmdline:
+          description: >-
+            Command line.
+          type: str
+        user:
+          description: >-
+            Owner.
+          type: str
+        source:
+          description: >-
+            C(nvml)/C(nvidia-smi) and/or C(proc_fd).
+          type: list
+          elements: str
+        kind:
+          description: >-
+            C(gpu), or C(monitor) for a known GPU watcher.
+          type: str
 """
 
 import gc
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_wait import (  # noqa: F401 -- re-exported
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_wait import (  # noqa: F401 -- re-exported; pylint: disable=unused-import
     WAIT_OPTIONS,
     run_wait,
     timeout_message,

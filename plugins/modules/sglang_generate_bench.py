@@ -13,7 +13,7 @@ description:
   - Runs on the target so Ansible's own per-task overhead is not part of the figure.
   - Changes nothing on the host.
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   url:
     description: Server base URL, e.g. C(http://127.0.0.1:30000).
@@ -44,16 +44,21 @@ options:
     description: Seconds one request may take.
     type: float
     default: 300
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
     details: Sends the requests in check mode too; they change nothing.
   diff_mode:
     support: none
+  platform:
+    support: full
+    platforms: posix
 """
 
 EXAMPLES = r"""
-- sglang_generate_bench:
+- gpufleet.fleet.sglang_generate_bench:
     url: http://127.0.0.1:30000
     requests: 16
   register: bench
@@ -115,7 +120,7 @@ def main():
             api_key=dict(type="str", no_log=True),
             requests=dict(type="int", default=16),
             concurrency=dict(type="int", default=4),
-            max_new_tokens=dict(type="int", default=128),
+            max_new_tokens=dict(type="int", default=128, no_log=False),
             prompt=dict(type="str", default="Write a long story about a lighthouse keeper."),
             timeout_s=dict(type="float", default=300),
         ),

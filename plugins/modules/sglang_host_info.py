@@ -31,7 +31,7 @@ description:
     directory (an unmounted mount point) does not (RV(model_dirs)).
   - Never changes anything.
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 requirements:
   - psutil (on the managed host, in the interpreter Ansible runs there) when O(port) is given
 options:
@@ -155,16 +155,18 @@ options:
         only when both pass (RV(launch_record))."
     type: path
   launch_unit_dir:
-    description: Where the rollback writes the recorded unit (C(sglang_launch_unit_dir)); RV(launch_record.record.unit_path) is always in it.
+    description: Where the rollback writes the recorded unit (C(sglang_launch_unit_dir)); the C(unit_path) of RV(launch_record.record) is always in it.
     type: path
     default: /etc/systemd/system
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
-    description: Only reads; identical in check mode.
+    details: Only reads; identical in check mode.
   diff_mode:
     support: none
-    description: Nothing is changed.
+    details: Nothing is changed.
   platform:
     support: full
     platforms: linux
@@ -181,7 +183,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Read disk, /dev/shm and port facts
-  sglang_host_info:
+  gpufleet.fleet.sglang_host_info:
     paths: [/var/lib/gpufleet, /models/target]
     port: 30000
     host: 127.0.0.1
@@ -193,17 +195,17 @@ EXAMPLES = r"""
     that: host_facts.port.free or host_facts.port.held_by_managed
 
 - name: What the stop would end (signals nothing)
-  sglang_stop:
+  gpufleet.fleet.sglang_stop:
     pid_file: /var/lib/gpufleet/sglang.pid
   check_mode: true
   register: stop_preview
 
 - name: GPUs and their processes
-  nvidia_gpu_info:
+  gpufleet.fleet.nvidia_gpu_info:
   register: gpu
 
 - name: Foresee GPU memory and /dev/shm after the stop, and write access for the NCCL patch
-  sglang_host_info:
+  gpufleet.fleet.sglang_host_info:
     stop_preview: "{{ stop_preview }}"
     gpu_info: "{{ gpu }}"
     replace_files: [/opt/sglang/.venv/lib/python3.11/site-packages/sglang/srt/entrypoints/engine.py]
@@ -371,50 +373,101 @@ write_access:
   type: list
   elements: dict
   contains:
-    path: {description: The path asked for., type: str}
-    purpose: {description: C(replace) (O(replace_files)) or C(write) (O(write_dirs)), type: str}
-    user: {description: The user the check ran as (effective uid)., type: str}
-    ok: {description: Whether the write will work., type: bool}
-    checked_path: {description: "The directory whose permissions decide (the file's directory, the directory, or
-                   its nearest existing parent).", type: str}
-    file_writable: {description: "For C(replace): whether the file itself is writable (null when missing).", type: bool}
-    reason: {description: "Why not (null when RV(write_access[].ok)): owner, mode, read-only filesystem, or (for
-             C(replace)) the file being a mount point of its own.", type: str}
+    path:
+      description: >-
+        The path asked for.
+      type: str
+    purpose:
+      description: >-
+        C(replace) (O(replace_files)) or C(write) (O(write_dirs))
+      type: str
+    user:
+      description: >-
+        The user the check ran as (effective uid).
+      type: str
+    ok:
+      description: >-
+        Whether the write will work.
+      type: bool
+    checked_path:
+      description: >-
+        The directory whose permissions decide (the file's directory, the directory, or its nearest existing
+        parent).
+      type: str
+    file_writable:
+      description: >-
+        For C(replace): whether the file itself is writable (null when missing).
+      type: bool
+    reason:
+      description: >-
+        Why not (null when RV(write_access[].ok)): owner, mode, read-only filesystem, or (for C(replace)) the file
+        being a mount point of its own.
+      type: str
 ownership:
   description: One entry per O(owned_paths) item that cannot be trusted (empty when every one can).
   returned: always
   type: list
   elements: dict
   contains:
-    variable: {description: The name it was given under., type: str}
-    path: {description: The path asked for., type: str}
+    variable:
+      description: >-
+        The name it was given under.
+      type: str
+    path:
+      description: >-
+        The path asked for.
+      type: str
     problems:
       description: "Each path at fault: C(path), C(owner), C(uid), C(mode) (octal text), C(reason)."
       type: list
       elements: dict
-    text: {description: One sentence naming the file, its owner and mode, and what to do., type: str}
+    text:
+      description: >-
+        One sentence naming the file, its owner and mode, and what to do.
+      type: str
 root_code:
   description: One entry per interpreter of O(root_interpreters) (and O(root_interpreter_self)) root must not run.
   returned: always
   type: list
   elements: dict
   contains:
-    variable: {description: The label it was given under., type: str}
-    interpreter: {description: The interpreter's path., type: str}
+    variable:
+      description: >-
+        The label it was given under.
+      type: str
+    interpreter:
+      description: >-
+        The interpreter's path.
+      type: str
     problems:
       description: "Each path at fault: C(path), C(owner), C(uid), C(mode), C(reason)."
       type: list
       elements: dict
-    text: {description: One sentence naming the interpreter, the paths and their owners, and what to do., type: str}
+    text:
+      description: >-
+        One sentence naming the interpreter, the paths and their owners, and what to do.
+      type: str
 launch_record:
   description: With O(launch_record), what was found there.
   returned: when O(launch_record) is given
   type: dict
   contains:
-    path: {description: The record file., type: str}
-    exists: {description: Whether it exists., type: bool}
-    valid: {description: Whether it may be used (trusted owner and modes, and gpufleet's schema)., type: bool}
-    reason: {description: "Why not (null when valid or missing).", type: str}
+    path:
+      description: >-
+        The record file.
+      type: str
+    exists:
+      description: >-
+        Whether it exists.
+      type: bool
+    valid:
+      description: >-
+        Whether it may be used (trusted owner and modes, and gpufleet's schema).
+      type: bool
+    reason:
+      description: >-
+        Why not (null when valid or missing).
+      type: str
     record:
       description: "The checked record (only the keys the rollback reads; C(unit_path) is O(launch_unit_dir)/C(unit_name)),
         or null."

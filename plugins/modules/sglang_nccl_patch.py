@@ -40,7 +40,7 @@ description:
   - A running server is not affected; the values apply from the next start.
 version_added: "1.0.0"
 author:
-  - gpufleet
+  - gpufleet maintainers (!UNKNOWN)
 options:
   path:
     description:
@@ -136,13 +136,15 @@ options:
     choices: [refuse, take_over]
     default: refuse
     version_added: "1.4.0"
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
-    description: Reports what would change and returns the diff; the file is not written.
+    details: Reports what would change and returns the diff; the file is not written.
   diff_mode:
     support: full
-    description: Returns the file before and after.
+    details: Returns the file before and after.
   platform:
     support: full
     platforms: posix
@@ -168,7 +170,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Put NCCL tuning into the SGLang of the server's virtualenv
-  sglang_nccl_patch:
+  gpufleet.fleet.sglang_nccl_patch:
     python: /opt/sglang/venv/bin/python
     env:
       NCCL_IB_HCA: mlx5
@@ -177,18 +179,18 @@ EXAMPLES = r"""
     backup: true
 
 - name: Patch, keeping each changed file's bytes for a rollback
-  sglang_nccl_patch:
+  gpufleet.fleet.sglang_nccl_patch:
     python: "{{ sglang_python }}"
     env: "{{ sglang_nccl_env }}"
     previous_dir: /var/lib/gpufleet/nccl-patch-prev
 
 - name: Patch one explicit file only (an editable install in a container image)
-  sglang_nccl_patch:
+  gpufleet.fleet.sglang_nccl_patch:
     path: /sgl-workspace/sglang/python/sglang/srt/entrypoints/engine.py
     env: "{{ sglang_nccl_env }}"
 
 - name: A per-collective NCCL_ALGO of NCCL 2.24+, and a new algorithm name this module does not know yet
-  sglang_nccl_patch:
+  gpufleet.fleet.sglang_nccl_patch:
     python: "{{ sglang_python }}"
     env:
       NCCL_ALGO: "AllReduce:NVLSTree,Ring;AllGather:MyNewAlgo"
@@ -196,14 +198,14 @@ EXAMPLES = r"""
     unchecked: [NCCL_ALGO]
 
 - name: Show what would change without writing (preflight)
-  sglang_nccl_patch:
+  gpufleet.fleet.sglang_nccl_patch:
     python: "{{ sglang_python }}"
     env: "{{ sglang_nccl_env }}"
   check_mode: true
   register: nccl_patch_plan
 
 - name: Remove the managed block, restoring SGLang's original file
-  sglang_nccl_patch:
+  gpufleet.fleet.sglang_nccl_patch:
     python: "{{ sglang_python }}"
     state: absent
 """
@@ -470,7 +472,7 @@ def normalise_env(env, unchecked=()):
             problems.append("%s: value contains a lone surrogate that os.environ cannot encode" % name)
             continue
         items.append((name, text))
-    problems.extend(filter(None, (name_problem(name) for name, _ in items)))
+    problems.extend(filter(None, (name_problem(name) for name, dummy in items)))
     value_problems = env_value_problems(items, unchecked)
     problems.extend(value_problems)
     if problems:
@@ -548,9 +550,9 @@ def plan_patch(text, items, state, filename="<source>", hand_edits="refuse"):
 
     if state == "absent" or not items:
         return {"after": pristine, "changed": pristine != text, "line": None, "placement": None, "hand_edits": []}
-    names = [name for name, _ in items]
+    names = [name for name, dummy in items]
     mine, others = judge_hand_edits(find_env_writes(pristine, filename=filename), names)
-    before = set(number for number, _ in taken_before)
+    before = set(number for number, dummy in taken_before)
     new = [w for w in mine if not before.intersection(range(w["line"], w["end_line"] + 1))]
     if new and hand_edits != "take_over":
         shown = [now(w) for w in new]
@@ -813,7 +815,8 @@ def plan_files(found, items, state, release="sglang version unknown", hand_edits
     ``raw`` (bytes now), ``text``, ``plan`` (:func:`plan_patch`), ``data`` (bytes after), ``block``
     (``none``/``same``/``other``: what the file holds now against ``items``), ``block_env``, ``mtime``.
     ``refused``: one dict per file that cannot (``path``, ``relative``, ``error``: what is wrong and what to do;
-    ``hand_edits`` when hand-typed lines were the reason). ``hand_edits``: :func:`plan_patch`'s. Every file is planned even after one is refused, so a caller can still judge the others (check.yml).
+    ``hand_edits`` when hand-typed lines were the reason). ``hand_edits``: :func:`plan_patch`'s. Every file is
+    planned even after one is refused, so a caller can still judge the others (check.yml).
     """
     planned, refused = [], []
     for path in found["paths"]:

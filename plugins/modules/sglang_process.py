@@ -33,7 +33,8 @@ description:
     O(timeout_s) passed since the server's start (its process creation time)."
   - "O(state=verified): what proves a launched server serves as configured, in one module call (each call costs
     0.5-1 s of round trip and module start): one generation (O(generate): C(POST /generate), RV(generate)),
-    a short concurrent burst of generations (O(burst), RV(burst)), the environment of every GPU worker among the server's descendants (O(worker_env): RV(workers), as the
+    a short concurrent burst of generations (O(burst), RV(burst)), the environment of every GPU worker among the
+    server's descendants (O(worker_env): RV(workers), as the
     C(sglang_worker_env_info) module reads it), then one look (O(owner)) that the server still runs and the
     LISTEN socket on O(port) belongs to it or a descendant and O(url) answers 200 (the test of O(state=ready),
     without waiting: RV(owner)). The look comes last, so the answers before it are known to come from that
@@ -45,18 +46,18 @@ description:
   - "O(state=recorded): writes O(record) (a mapping: what a rollback needs to start this server again, the
     C(sglang_launch) role's launch record) as JSON (4-space indent, sorted keys) to O(record_file) atomically
     (a temporary file in the same directory, fsync, rename; mode 0640), in one module call where
-    C(ansible.builtin.copy) makes three round trips (stat, file transfer, copy). RV(changed) when the file's
+    C(ansible.builtin.copy) makes three round trips (stat, file transfer, copy). C(changed) when the file's
     text differs or the lock below was released. Fails, changing nothing, when the directory is missing or not
     writable. With O(lock_dir), the restart lock O(lock_owner) holds is released right after the record is
     written (the caller's last step, without a module call of its own); see RV(lock_release)."
   - The process outlives the Ansible task and the SSH session; stop it with the C(sglang_stop) module, which
     signals the session recorded here.
   - Idempotent; when O(pid_file) names a live process started before the file was written, nothing is
-    started and RV(changed) is false.
+    started and C(changed) is false.
   - Requires psutil on the target for O(port) and the C(ready)/C(port_free) states (the SGLang virtualenv has
     it).
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   state:
     description:
@@ -299,6 +300,8 @@ options:
     description: With V(verified), end with the look at the server and its socket (RV(owner)).
     type: bool
     default: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
@@ -308,6 +311,9 @@ attributes:
   diff_mode:
     support: partial
     details: V(recorded) returns the record file's text before and after; the other states return no diff.
+  platform:
+    support: full
+    platforms: linux
 notes:
   - "Why a new session: the process must not receive the SIGHUP of the closing SSH session, and its process
     group id equals its pid, so C(sglang_stop) can signal the whole tree SGLang spawns."
@@ -322,7 +328,7 @@ notes:
 
 EXAMPLES = r"""
 - name: Start SGLang detached (fails naming the holder if port 30000 is taken)
-  sglang_process:
+  gpufleet.fleet.sglang_process:
     argv: ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--port", "30000"]
     env: {NCCL_PROTO: LL, NCCL_ALGO: Ring}
     log_file: /var/lib/gpufleet/sglang.log
@@ -331,7 +337,7 @@ EXAMPLES = r"""
   register: started
 
 - name: Start it and return as soon as it serves (or after 5 s, still loading), creating the state dir
-  sglang_process:
+  gpufleet.fleet.sglang_process:
     argv: ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/m", "--port", "30000"]
     log_file: /var/lib/gpufleet/sglang.log
     pid_file: /var/lib/gpufleet/sglang.pid
@@ -344,7 +350,7 @@ EXAMPLES = r"""
   register: started
 
 - name: Wait until it answers /health_generate (a progress line every 10 s)
-  sglang_process:
+  gpufleet.fleet.sglang_process:
     state: ready
     pid: "{{ started.pid }}"
     pid_file: /var/lib/gpufleet/sglang.pid
@@ -360,7 +366,7 @@ EXAMPLES = r"""
   when: not started.ready | default(false)
 
 - name: Prove it serves as configured (one call), then assert each part with its own message
-  sglang_process:
+  gpufleet.fleet.sglang_process:
     state: verified
     pid_file: /var/lib/gpufleet/sglang.pid
     port: 30000
@@ -376,7 +382,7 @@ EXAMPLES = r"""
       - verified.owner.ready
 
 - name: Record how to start this server again (what a rollback reads)
-  sglang_process:
+  gpufleet.fleet.sglang_process:
     state: recorded
     record_file: /var/lib/gpufleet/launch.json
     record:
@@ -493,10 +499,22 @@ generate:
   returned: state is verified and generate is set
   type: dict
   contains:
-    status: {description: HTTP status; null when the server gave no HTTP answer (refused, timed out)., type: int}
-    json: {description: "The parsed answer; SGLang puts the generated text in C(text). Null when not JSON.", type: dict}
-    msg: {description: "C(OK (N bytes)), or the HTTP error or connection error.", type: str}
-    elapsed_ms: {description: Milliseconds the request took., type: int}
+    status:
+      description: >-
+        HTTP status; null when the server gave no HTTP answer (refused, timed out).
+      type: int
+    json:
+      description: >-
+        The parsed answer; SGLang puts the generated text in C(text). Null when not JSON.
+      type: dict
+    msg:
+      description: >-
+        C(OK (N bytes)), or the HTTP error or connection error.
+      type: str
+    elapsed_ms:
+      description: >-
+        Milliseconds the request took.
+      type: int
   sample: {status: 200, json: {text: " Paris.", meta_info: {completion_tokens: 8}}, msg: "OK (312 bytes)", elapsed_ms: 48}
 burst:
   description:
@@ -687,10 +705,10 @@ def unit_show(run_command, unit):
     argv = ["systemctl", "show"]
     for name in UNIT_PROPS:
         argv += ["-p", name]
-    rc, out, _ = run_command(argv + [unit], environ_update={"LC_ALL": "C"})
+    rc, out, dummy = run_command(argv + [unit], environ_update={"LC_ALL": "C"})
     props = {}
     for line in out.splitlines():
-        key, _, value = line.partition("=")
+        key, dummy, value = line.partition("=")
         props[key] = value
     return props
 
@@ -716,7 +734,7 @@ def unit_exit(props, dead_pid):
     if rc is not None and props.get("ExecMainCode") in ("2", "3"):  # CLD_KILLED, CLD_DUMPED: status is the signal
         rc = -rc
     start, end = (int(props.get(name) or 0) for name in ("ExecMainStartTimestampMonotonic",
-                                                          "ExecMainExitTimestampMonotonic"))
+                                                         "ExecMainExitTimestampMonotonic"))
     return {"rc": rc, "elapsed_s": (end - start) / 1e6 if start > 0 and end >= start else None, "note": ""}
 
 
@@ -851,7 +869,7 @@ class Waiter(object):
         ends = (" Its log ends: '%s'." % last) if last else (" Its log is empty." if self.p["log_file"] else "")
         msg = ("the server (pid %d) exited %s%s, before %s answered.%s%s\nLast lines of this "
                "launch's log:\n%s\nFull log: %s" % (self.pid, status, when, self.what, holder, ends,
-                                                   tail or "(empty)", self.p["log_file"] or "-"))
+                                                    tail or "(empty)", self.p["log_file"] or "-"))
         return msg, dict(rc=rc, log_tail=tail, listeners=listeners,
                          elapsed_s=None if elapsed_s is None else round(elapsed_s, 1))
 
@@ -1295,7 +1313,7 @@ def main():
             generate=dict(type="dict", options=dict(
                 url=dict(type="str", required=True),
                 text=dict(type="str", default="The capital of France is"),
-                max_new_tokens=dict(type="int", default=8),
+                max_new_tokens=dict(type="int", default=8, no_log=False),
                 timeout_s=dict(type="float", default=120),
             )),
             burst=dict(type="dict", options=dict(
@@ -1303,7 +1321,7 @@ def main():
                 text=dict(type="str", default="The capital of France is"),
                 requests=dict(type="int", default=gpufleet_burst.DEFAULT_REQUESTS),
                 concurrency=dict(type="int", default=gpufleet_burst.DEFAULT_CONCURRENCY),
-                max_new_tokens=dict(type="int", default=gpufleet_burst.DEFAULT_MAX_NEW_TOKENS),
+                max_new_tokens=dict(type="int", default=gpufleet_burst.DEFAULT_MAX_NEW_TOKENS, no_log=False),
                 timeout_s=dict(type="float", default=gpufleet_burst.DEFAULT_TIMEOUT_S),
             )),
             worker_env=dict(type="dict", options=worker_env_options()),

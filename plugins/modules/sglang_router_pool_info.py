@@ -24,7 +24,7 @@ description:
     traffic) and whether the router routes to it (RV(routable))."
   - Never changes anything.
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   router_url:
     description: The router's base URL, C(http(s)://host:port).
@@ -54,16 +54,21 @@ options:
     description: Seconds one HTTP request may take.
     type: int
     default: 10
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
+  platform:
+    support: full
+    platforms: posix
 """
 
 EXAMPLES = r"""
 - name: Can this worker leave the pool?
-  sglang_router_pool_info:
+  gpufleet.fleet.sglang_router_pool_info:
     router_url: http://10.0.0.5:30000
     metrics_url: http://10.0.0.5:29000/metrics
     worker_url: http://10.0.0.11:30000
@@ -82,13 +87,34 @@ pool:
   type: list
   elements: dict
   contains:
-    url: {description: The worker URL., type: str}
-    id: {description: The router's id for the entry., type: str}
-    is_healthy: {description: C(is_healthy) as listed., type: bool}
-    status: {description: smg's status (pending, ready, not_ready, failed, draining); null for sglang-router., type: str}
-    circuit: {description: "closed, open, half_open, removed, or unknown (metrics not read).", type: str}
-    routable: {description: Whether the router would send it a request., type: bool}
-    why: {description: Why not (empty when routable)., type: str}
+    url:
+      description: >-
+        The worker URL.
+      type: str
+    id:
+      description: >-
+        The router's id for the entry.
+      type: str
+    is_healthy:
+      description: >-
+        C(is_healthy) as listed.
+      type: bool
+    status:
+      description: >-
+        smg's status (pending, ready, not_ready, failed, draining); null for sglang-router.
+      type: str
+    circuit:
+      description: >-
+        closed, open, half_open, removed, or unknown (metrics not read).
+      type: str
+    routable:
+      description: >-
+        Whether the router would send it a request.
+      type: bool
+    why:
+      description: >-
+        Why not (empty when routable).
+      type: str
 metrics_read:
   description: Whether the circuit states come from O(metrics_url).
   returned: always
@@ -102,20 +128,48 @@ leave:
   returned: always
   type: dict
   contains:
-    ok: {description: At least O(min_healthy) other workers take traffic., type: bool}
-    others: {description: Other listed workers., type: int}
-    routable: {description: Other workers that take traffic., type: int}
-    routable_urls: {description: Their URLs., type: list, elements: str}
-    not_routable: {description: Other workers that take none, URL to reason., type: dict}
-    msg: {description: One line saying so., type: str}
+    ok:
+      description: >-
+        At least O(min_healthy) other workers take traffic.
+      type: bool
+    others:
+      description: >-
+        Other listed workers.
+      type: int
+    routable:
+      description: >-
+        Other workers that take traffic.
+      type: int
+    routable_urls:
+      description: >-
+        Their URLs.
+      type: list
+      elements: str
+    not_routable:
+      description: >-
+        Other workers that take none, URL to reason.
+      type: dict
+    msg:
+      description: >-
+        One line saying so.
+      type: str
 routable:
   description: Whether the router routes to O(worker_url).
   returned: always
   type: dict
   contains:
-    ok: {description: Listed and taking traffic., type: bool}
-    listed: {description: Listed at all., type: bool}
-    msg: {description: One line saying so., type: str}
+    ok:
+      description: >-
+        Listed and taking traffic.
+      type: bool
+    listed:
+      description: >-
+        Listed at all.
+      type: bool
+    msg:
+      description: >-
+        One line saying so.
+      type: str
 """
 
 import gc

@@ -40,7 +40,7 @@ description:
     fails only when sglang cannot be found or its files cannot be read.
   - Never changes anything.
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   python:
     description:
@@ -99,13 +99,15 @@ options:
         parser; the error for a value outside the choices says when the release has such a hook.
     type: dict
     default: {}
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
-    description: Reads files and, for O(mode=help), runs C(--help); changes nothing in either mode.
+    details: Reads files and, for O(mode=help), runs C(--help); changes nothing in either mode.
   diff_mode:
     support: none
-    description: Nothing is changed, so there is no diff.
+    details: Nothing is changed, so there is no diff.
   platform:
     support: full
     platforms: posix
@@ -127,7 +129,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Check the launch flags against the installed SGLang
-  sglang_server_args_info:
+  gpufleet.fleet.sglang_server_args_info:
     python: /opt/sglang/.venv/bin/python
     launch_args:
       model-path: /models/Llama-3.1-70B-Instruct

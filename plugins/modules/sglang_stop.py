@@ -56,7 +56,7 @@ description:
     user and C(ended=would signal); the preflight uses this to learn which GPU holders the stop will end."
   - Requires psutil on the target (the SGLang virtualenv has it).
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   pid_file:
     description:
@@ -129,7 +129,7 @@ options:
   gpu_wait:
     description:
       - "When set, after every signalled process is gone (and the shm clean-up), wait on the target until GPU
-        memory is released, with the same loop, backends and messages as the M(nvidia_gpu_wait) module
+        memory is released, with the same loop, backends and messages as the M(gpufleet.fleet.nvidia_gpu_wait) module
         (C(gpufleet_gpu_wait) module_utils): one round trip less than a separate wait task."
       - "This call waits at most O(gpu_wait.slice_s) seconds (all of O(gpu_wait.timeout_s) when unset) and never
         fails because of the wait: RV(gpu_wait) says whether the memory was seen released (C(ready)), since
@@ -181,17 +181,18 @@ options:
     description:
       - "The new server to start in this same call, as soon as the stop is done and O(gpu_wait) saw the GPU memory
         released: the outage then ends when the new server serves, with no module start or controller task in
-        between (each costs 0.1-1 s). It is started exactly as the M(sglang_process) module starts one
+        between (each costs 0.1-1 s). It is started exactly as the M(gpufleet.fleet.sglang_process) module starts one
         (C(gpufleet_spawn) module_utils: own session under the C(gpufleet-reaper), pid file, exit record, log
         appended), as the user this module runs as."
       - "Right before the start, nothing may listen on O(start_after.port) at an address overlapping
         O(start_after.host); when something does, or the memory was not seen released, or the start itself
         fails, nothing is started and RV(start) says why (C(started=false), C(reason)): this call never fails
         because of O(start_after). The caller then starts the server itself (the C(sglang_launch) role runs
-        M(sglang_process), whose port check fails naming the holder), so every failure keeps its usual message
+        M(gpufleet.fleet.sglang_process), whose port check fails naming the holder), so every failure keeps its usual message
         and rollback."
       - "Needs O(gpu_wait). Not used in check mode nor when the stop fails. The server's readiness is not
-        awaited here: wait for it with M(sglang_process) O(state=ready) and RV(start.pid)/RV(start.log_offset)."
+        awaited here: wait for it with M(gpufleet.fleet.sglang_process)
+        O(gpufleet.fleet.sglang_process#module:state=ready) and RV(start.pid)/RV(start.log_offset)."
     type: dict
     suboptions:
       argv:
@@ -232,12 +233,17 @@ options:
         description: Address the server will bind.
         type: str
         default: 127.0.0.1
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
     details: Reports C(signalled) and C(removed_shm) as what would happen; sends no signal, removes nothing, starts nothing.
   diff_mode:
     support: none
+  platform:
+    support: full
+    platforms: linux
 requirements:
   - psutil
 notes:
@@ -254,13 +260,13 @@ notes:
 
 EXAMPLES = r"""
 - name: Stop the server launched as a detached process, then leftovers, in one call
-  sglang_stop:
+  gpufleet.fleet.sglang_stop:
     pid_file: /var/lib/gpufleet/sglang.pid
     users: [sglang]
     grace_s: 60
 
 - name: The same in 10 s slices, printing progress between them
-  sglang_stop:
+  gpufleet.fleet.sglang_stop:
     pid_file: /var/lib/gpufleet/sglang.pid
     users: [sglang]
     grace_s: 60
@@ -268,7 +274,7 @@ EXAMPLES = r"""
   register: stop
 
 - name: Go on waiting until everything is gone (SIGKILL after the grace)
-  sglang_stop:
+  gpufleet.fleet.sglang_stop:
     pid_file: /var/lib/gpufleet/sglang.pid
     users: [sglang]
     grace_s: 60
@@ -281,7 +287,7 @@ EXAMPLES = r"""
   when: not stop.done
 
 - name: What would be signalled (preflight), in check mode
-  sglang_stop:
+  gpufleet.fleet.sglang_stop:
     users: [sglang]
   check_mode: true
   register: stop_preview
@@ -294,20 +300,47 @@ signalled:
   type: list
   elements: dict
   contains:
-    pid: {description: Process id., type: int}
-    cmdline: {description: "Command line or title (/proc/<pid>/cmdline; of a live thread for a defunct process).", type: str}
-    user: {description: Owner., type: str}
-    reason: {description: "Why it was chosen: C(pid_file), C(process_group) (the server's session or process
-      group), C(process_tree) (another descendant of the server) or C(pattern) (it runs SGLang).", type: str}
-    defunct: {description: "True for a C(<defunct>) process whose other threads still live (gets SIGKILL at
-      once).", type: bool}
-    start_ticks: {description: "Start time in clock ticks after boot (/proc/<pid>/stat field 22); with the pid
-      it identifies the process across slices.", type: int}
-    signals: {description: Signals sent in order (C(SIGTERM), C(SIGKILL)); empty in check mode., type: list, elements: str}
-    ended: {description: "C(after SIGTERM), C(after SIGKILL), C(would signal) (check mode), C(waiting) (the grace
-      still runs: C(done=false)) or C(still running) (survived SIGKILL).", type: str}
-    wait_ms: {description: "Milliseconds from the signals until it was seen gone (with O(slice_s), a process that
-      ended between two calls is seen at the next call's first check); null while it runs.", type: int}
+    pid:
+      description: >-
+        Process id.
+      type: int
+    cmdline:
+      description: >-
+        Command line or title (/proc/<pid>/cmdline; of a live thread for a defunct process).
+      type: str
+    user:
+      description: >-
+        Owner.
+      type: str
+    reason:
+      description: >-
+        Why it was chosen: C(pid_file), C(process_group) (the server's session or process group), C(process_tree)
+        (another descendant of the server) or C(pattern) (it runs SGLang).
+      type: str
+    defunct:
+      description: >-
+        True for a C(<defunct>) process whose other threads still live (gets SIGKILL at once).
+      type: bool
+    start_ticks:
+      description: >-
+        Start time in clock ticks after boot (/proc/<pid>/stat field 22); with the pid it identifies the process
+        across slices.
+      type: int
+    signals:
+      description: >-
+        Signals sent in order (C(SIGTERM), C(SIGKILL)); empty in check mode.
+      type: list
+      elements: str
+    ended:
+      description: >-
+        C(after SIGTERM), C(after SIGKILL), C(would signal) (check mode), C(waiting) (the grace still runs:
+        C(done=false)) or C(still running) (survived SIGKILL).
+      type: str
+    wait_ms:
+      description: >-
+        Milliseconds from the signals until it was seen gone (with O(slice_s), a process that ended between two
+        calls is seen at the next call's first check); null while it runs.
+      type: int
   sample:
     - {pid: 4242, cmdline: "python -m sglang.launch_server --model-path /models/x", user: sglang,
        reason: pid_file, defunct: false, start_ticks: 881234, signals: [SIGTERM], ended: after SIGTERM, wait_ms: 5210}
@@ -370,22 +403,57 @@ gpu_wait:
       C(started_at) to the poll that saw the memory free, or to the end of this call), C(polls), C(progress)
       (one line), C(backend), C(gpus) (per GPU C(index), C(uuid), C(memory_used_mib), C(free), ...), and when it
       did not end well C(error_class) (C(not_released) when O(gpu_wait.timeout_s) ran out, or the GPU layer's
-      class as in M(nvidia_gpu_wait): C(driver_not_loaded), C(timeout), ...) and C(msg) (the same message
-      M(nvidia_gpu_wait) gives). C(error_class) and C(msg) are null after a release."
+      class as in M(gpufleet.fleet.nvidia_gpu_wait): C(driver_not_loaded), C(timeout), ...) and C(msg) (the same message
+      M(gpufleet.fleet.nvidia_gpu_wait) gives). C(error_class) and C(msg) are null after a release."
   returned: when O(gpu_wait) is set, the stop is done and not in check mode
   type: dict
   sample: {ready: true, started_at: 1796000000.25, elapsed_ms: 180, polls: 3, backend: nvml, error_class: null,
            progress: "GPU memory: all 8 GPUs at or below 1024 MiB with no compute process, after 0.18 s of 120 s"}
 start:
-  description:
-    - "The start of O(start_after): C(started) (bool), and when it started C(pid), C(started_at) (epoch s, target
-      clock), C(log_offset) (bytes of the log before this start: the new server's lines begin there),
-      C(log_file), C(pid_file), C(exit_file) and C(argv) (without the API key); when it did not, C(reason) (why
-      nothing was started: memory not seen released, C(port 30000 taken by pid 4242 (...)), the start's error)
-      and C(listeners) when the port was held."
+  description: The start of O(start_after).
   returned: when O(start_after) is set, the stop is done and not in check mode
   type: dict
   sample: {started: true, pid: 51234, started_at: 1796000000.43, log_offset: 1048576, log_file: /var/lib/gpufleet/sglang.log}
+  contains:
+    started:
+      description: Whether the new server was started.
+      type: bool
+    pid:
+      description: The new server's pid.
+      returned: when started
+      type: int
+    started_at:
+      description: When it was started (epoch s, target clock).
+      returned: when started
+      type: float
+    log_offset:
+      description: Bytes of the log before this start; the new server's lines begin there.
+      returned: when started
+      type: int
+    log_file:
+      description: The server's log file.
+      type: str
+    pid_file:
+      description: The pid file written for it.
+      type: str
+    exit_file:
+      description: The file its exit status is written to.
+      type: str
+    argv:
+      description: The command line, without the API key.
+      type: list
+      elements: str
+    reason:
+      description: >-
+        Why nothing was started: memory not seen released, C(port 30000 taken by pid 4242 (...)), or the start's
+        error.
+      returned: when not started
+      type: str
+    listeners:
+      description: The listeners that held the port.
+      returned: when not started because the port was held
+      type: list
+      elements: dict
 """
 
 import fnmatch
@@ -584,7 +652,7 @@ class Proc(object):
 
     def __repr__(self):
         return "Proc(pid=%d, user=%s, cmdline=%r%s)" % (self.pid, self.user, self.cmdline,
-                                                         ", defunct" if self.defunct else "")
+                                                        ", defunct" if self.defunct else "")
 
 
 def snapshot(proc_root="/proc"):
@@ -961,7 +1029,7 @@ def run(module, now=time.time):
                 result["main_pid"] = main.pid if main else None
         chosen = select_server(procs, main.pid, user_set, protected, protect_re) if main is not None else []
         chosen += select_leftovers(procs, pattern_re, user_set, protected, protect_re,
-                                   skip={p.pid for p, _ in chosen}, kept=result["kept"])
+                                   skip={p.pid for p, dummy in chosen}, kept=result["kept"])
         if check:
             entries = [entry_for(p, reason, "would signal") for p, reason in chosen]
         else:

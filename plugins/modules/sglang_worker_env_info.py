@@ -18,7 +18,7 @@ description:
   - "SGLang sets worker titles with setproctitle, which overwrites C(/proc/<pid>/environ) unless C(SPT_NOENV) is
     set in the server's environment; a worker whose environ reads empty is reported with an C(error) saying so."
 version_added: "1.0.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   pid:
     description: Pid of the SGLang server's main process; workers are searched among its descendants.
@@ -39,12 +39,17 @@ options:
     description: Regular expression (C(re.search)) for worker titles/command lines.
     type: str
     default: '^sglang::scheduler(_DP\d+)?_TP\d+'
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
     support: full
     details: Read-only; runs the same in check mode.
   diff_mode:
     support: none
+  platform:
+    support: full
+    platforms: linux
 requirements:
   - psutil
 notes:
@@ -54,7 +59,7 @@ notes:
 
 EXAMPLES = r"""
 - name: NCCL variables in every TP worker
-  sglang_worker_env_info:
+  gpufleet.fleet.sglang_worker_env_info:
     pid_file: /var/lib/gpufleet/sglang.pid
     expected: {NCCL_PROTO: LL, NCCL_ALGO: Ring}
   register: worker_env
@@ -71,13 +76,35 @@ workers:
   type: list
   elements: dict
   contains:
-    pid: {description: Worker pid., type: int}
-    title: {description: Title/command line from /proc/<pid>/cmdline (e.g. C(sglang::scheduler_TP3))., type: str}
-    env: {description: "Requested variables present in the worker (name → value).", type: dict}
-    missing: {description: Expected names absent from the worker's environment., type: list, elements: str}
-    mismatched: {description: "name → {expected, actual} for values that differ.", type: dict}
-    match: {description: True when nothing is missing or mismatched and environ was readable., type: bool}
-    error: {description: Why environ could not be read (only when it could not)., type: str}
+    pid:
+      description: >-
+        Worker pid.
+      type: int
+    title:
+      description: >-
+        Title/command line from /proc/<pid>/cmdline (e.g. C(sglang::scheduler_TP3)).
+      type: str
+    env:
+      description: >-
+        Requested variables present in the worker (name → value).
+      type: dict
+    missing:
+      description: >-
+        Expected names absent from the worker's environment.
+      type: list
+      elements: str
+    mismatched:
+      description: >-
+        name → {expected, actual} for values that differ.
+      type: dict
+    match:
+      description: >-
+        True when nothing is missing or mismatched and environ was readable.
+      type: bool
+    error:
+      description: >-
+        Why environ could not be read (only when it could not).
+      type: str
   sample:
     - {pid: 812, title: "sglang::scheduler_TP0", env: {NCCL_PROTO: LL}, missing: [], mismatched: {}, match: true}
 worker_count:
@@ -100,7 +127,7 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (  # noqa: F401 (re-exported)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (  # noqa: F401 (re-exported) pylint: disable=unused-import
     CLOBBERED_HINT, worker_env_options, candidate_pids, compare_env, inspect_workers, parse_environ, read_environ,
     worker_report)
 
