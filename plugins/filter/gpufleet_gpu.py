@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
     baseline_text,
-    rollback_fit,
     unreadable_refusal,
 )
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import rollback
 
 
 def gpufleet_gpu_unreadable_refusal(entries):
@@ -28,27 +28,16 @@ def gpufleet_gpu_baseline_text(baseline_mib):
 
 def gpufleet_rollback_unreadable(wait_result):
     """The rollback's sentence when its nvidia_gpu_wait (``wait_result``, registered) failed because a GPU's
-    memory could not be read (error_class field_unavailable): the previous server is relaunched all the same (it
-    ran on these GPUs a moment ago) and its own readiness decides. '' for any other result (skipped, ready, held)."""
-    if not isinstance(wait_result, dict) or wait_result.get("error_class") != "field_unavailable":
-        return ""
-    first = (str(wait_result.get("msg") or "").strip().splitlines() or ["?"])[0]
-    if first.startswith("NVML: "):  # NVML's line is the call; the GPU and field are on the next one
-        lines = str(wait_result.get("msg")).strip().splitlines()
-        first = " ".join(lines[:2])
-    cut = first.split(" What to do:", 1)[0].rstrip(". ")
-    return ("GPU memory could not be read (%s), so the previous server was relaunched without a memory check "
-            "(it ran on these GPUs a moment ago); its own readiness check decided" % cut)
+    memory could not be read (error_class field_unavailable); '' for any other result (plugin_utils
+    rollback.unreadable_note)."""
+    return rollback.unreadable_note(wait_result)
 
 
 def gpufleet_rollback_fit(wait_result, server):
     """Whether the rollback relaunches the previous server although its nvidia_gpu_wait (``wait_result``, registered)
-    ran out (error_class not_released), and the sentence for its note: only when every GPU the old server used has
-    what it held there free now and SGLang's TP memory-balance check would pass (module_utils gpufleet_gpu_memory
-    ``rollback_fit``). ``server``: sglang_preflight_server_gpus. Any other wait result: ``{fits: False, text: ''}``."""
-    if not isinstance(wait_result, dict) or wait_result.get("error_class") != "not_released":
-        return {"fits": False, "text": ""}
-    return rollback_fit(wait_result.get("gpus") or [], server if isinstance(server, dict) else {})
+    ran out (error_class not_released), and the sentence for its note (plugin_utils rollback.fit). ``server``:
+    sglang_preflight_server_gpus. Any other wait result: ``{fits: False, text: ''}``."""
+    return rollback.fit(wait_result, server)
 
 
 class FilterModule(object):

@@ -18,12 +18,10 @@ tests/unit/test_filter_gpufleet_patch.py; nothing here touches a host.
 """
 from __future__ import annotations
 
-import os
-
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_check import worker_difference
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import rollback
 
-NOT_CHANGED = "no file changed by this run's NCCL patch"
+NOT_CHANGED = rollback.NOT_CHANGED
 
 
 def gpufleet_patch_kept(files):
@@ -42,80 +40,22 @@ def gpufleet_patch_record(files):
     return [{"path": f.get("path"), "sha256": f.get("sha256")} for f in files if isinstance(f, dict)]
 
 
-def _labels(paths):
-    """Short names for ``paths``: base names when those are unique, else the paths themselves."""
-    names = [os.path.basename(p) for p in paths]
-    return names if len(set(names)) == len(names) else list(paths)
-
-
-def _join(words):
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
-
-
 def gpufleet_patch_restore(stat_results):
-    """What the rollback restores and says, from its ``stat`` loop over the kept files.
+    """What the rollback restores and says, from its ``stat`` loop over the kept files (plugin_utils rollback.restore).
 
     ``stat_results``: the ``results`` list of ``ansible.builtin.stat`` (``checksum_algorithm: sha256``) looped over
     ``sglang_nccl_patch_previous.files``; each result carries its ``item`` (path, previous_file, sha256).
     Returns ``{"restore": [items to copy back], "note": str}``: a file is restored when its bytes differ from the
     copy (missing counts as differing); one that equals it was not written by this run's patch.
     """
-    restore, restored, unchanged = [], [], []
-    for result in stat_results or []:
-        item = (result or {}).get("item") or {}
-        if not item.get("path") or not item.get("previous_file"):
-            continue
-        now = ((result.get("stat") or {}).get("checksum")) or ""
-        if now != item.get("sha256"):
-            restore.append(item)
-            restored.append(item)
-        else:
-            unchanged.append(item)
-    if not restored and not unchanged:
-        return {"restore": [], "note": NOT_CHANGED}
-    labels = dict(zip([i["path"] for i in restored + unchanged], _labels([i["path"] for i in restored + unchanged])))
-    parts = []
-    if restored:
-        parts.append("%s restored to %s bytes from before this run (sha256 %s)" % (
-            _join([labels[i["path"]] for i in restored]), "its" if len(restored) == 1 else "their",
-            ", ".join(str(i.get("sha256") or "?")[:12] for i in restored)))
-    if unchanged:
-        parts.append("%s unchanged (the patch had not written %s)" % (
-            _join([labels[i["path"]] for i in unchanged]), "it" if len(unchanged) == 1 else "them"))
-    return {"restore": restore, "note": "; ".join(parts)}
+    return rollback.restore(stat_results)
 
 
 def gpufleet_rollback_serves(workers, recorded):
-    """What the host serves once the rollback's relaunch answers, in the words of its note (str, no final stop).
-
-    ``workers``: the ``sglang_worker_env_info`` result for the relaunched server (expected: the recorded NCCL
-    values), or a skipped/failed result. ``recorded``: the launch record (its ``nccl_env``: the values verify checked
-    when that launch was recorded; records written before it have none).
-    "The previous configuration" is said only when every worker carries those values: the argv and environment
-    come back from the record, but the NCCL block comes from the patched files, which a reinstall or upgrade of
-    sglang since the record replaces.
-    """
-    recorded = recorded if isinstance(recorded, dict) else {}
-    workers = workers if isinstance(workers, dict) else {}
-    if "nccl_env" not in recorded:
-        return ("the host serves the previous argv and environment (the launch record predates its NCCL values, so "
-                "its workers were not checked against them)")
-    if not recorded["nccl_env"]:
-        return "the host serves the previous configuration"
-    listed = workers.get("workers")
-    if workers.get("skipped") or not isinstance(listed, list) or workers.get("msg") and not listed:
-        return ("the host serves the previous argv and environment; its workers' NCCL values could not be read%s"
-                % ((" (%s)" % str(workers.get("msg")).splitlines()[0][:200]) if workers.get("msg") else ""))
-    bad = [w for w in listed if isinstance(w, dict) and not w.get("match")]
-    if not bad and listed:
-        return ("the host serves the previous configuration (its %d workers carry the recorded NCCL values)"
-                % len(listed))
-    if not listed:
-        return "the host serves the previous argv and environment; no GPU worker was found to check"
-    return ("the host serves the previous argv and environment, but not the previous NCCL values: %d of %d workers "
-            "lack them (%s). A file of the NCCL patch changed since that launch was recorded (a reinstall or upgrade "
-            "of sglang?): run playbooks/patch.yml, then playbooks/restart.yml"
-            % (len(bad), len(listed), "; ".join("%s: %s" % (w.get("title"), worker_difference(w)) for w in bad[:2])))
+    """What the host serves once the rollback's relaunch answers, in the words of its note (str, no final stop):
+    "the previous configuration" only when the relaunched workers carry the recorded NCCL values
+    (plugin_utils rollback.serves)."""
+    return rollback.serves(workers, recorded)
 
 
 HAND_EDIT_ACTIONS = {
