@@ -1,14 +1,12 @@
 """plugins/callback/gpufleet_summary.py: rows for every targeted host, the printed summary, progress lines,
 and silence under machine-readable stdout callbacks."""
-import importlib.util
 import pathlib
 
 import pytest
 
+from ansible_collections.gpufleet.fleet.plugins.callback import gpufleet_summary as cb
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("gpufleet_summary_cb", ROOT / "plugins" / "callback" / "gpufleet_summary.py")
-cb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cb)
 
 
 def test_the_playbooks_callback_dir_loads_this_file():
@@ -86,7 +84,7 @@ def test_failures_outside_the_targets_are_not_rows():
 
 
 def test_render_shows_down_and_a_note_per_host_that_is_not_ok():
-    table = cb._load_table()
+    table = cb.gpufleet_summary_table
     text = cb.render([
         {"host": "h1", "result": "ok", "downtime_s": 9.04, "nccl": "ok", "new_pid": 40},
         {"host": "h2", "result": "failed", "phase": "wait", "cause": "GPU 3 holds 30000 MiB", "downtime_s": 42.0,
@@ -109,7 +107,7 @@ def test_render_names_the_hosts_of_a_first_launch_in_one_line():
         {"host": "h1", "result": "ok", "downtime_s": 0.0, "new_pid": 40, "advice": note},
         {"host": "h2", "result": "ok", "downtime_s": 0.0, "new_pid": 41, "advice": note},
         {"host": "h3", "result": "ok", "downtime_s": 2.5, "old_pid": 9, "new_pid": 42},
-    ], cb._load_table())
+    ], cb.gpufleet_summary_table)
     assert text.splitlines()[4:] == ["h1, h2: ok: " + note]
 
 
@@ -126,7 +124,7 @@ def test_render_says_a_cause_shared_by_many_hosts_once_with_the_hosts_it_concern
                  "playbooks/restart.yml -e target=h-ok --tags verify"})
     rows.append({"host": "h-ok2", "result": "ok", "downtime_s": 0.0, "advice": "launched but not verified: "
                  "playbooks/restart.yml -e target=h-ok2 --tags verify"})
-    text = cb.render(rows, cb._load_table())
+    text = cb.render(rows, cb.gpufleet_summary_table)
     notes = text.splitlines()[len(rows) + 1:]
     assert notes == [
         "h-ok, h-ok2: ok: launched but not verified: playbooks/restart.yml -e target=<host> --tags verify",
