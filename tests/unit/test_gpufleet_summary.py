@@ -162,13 +162,17 @@ class Named:
 
 
 class FakeTask(Named):
-    def __init__(self, name, role=None, path=""):
+    def __init__(self, name, role=None, path="", task_vars=None):
         super().__init__(name)
         self._role = Named(role) if role else None
         self.path = path
+        self.task_vars = task_vars or {}
 
     def get_path(self):
         return self.path
+
+    def get_vars(self):
+        return dict(self.task_vars)
 
 
 class FakeResult:
@@ -252,6 +256,27 @@ def test_unreachable_phase_comes_from_the_role_of_the_task(monkeypatch):
     plugin.v2_playbook_on_stats(None)
     text = "\n".join(plugin._display.lines)
     assert "h1: unreachable in launch: ssh: Connection reset" in text and "may have come up" in text
+
+
+@pytest.mark.parametrize("task,play,phase,words", [
+    # restart.yml's own tasks: the phase they were imported with (gpufleet_phase), not their names
+    (FakeTask("Renew the restart lock (wait)", path="/r/playbooks/tasks/restart_lock_renew.yml:8",
+              task_vars={"gpufleet_phase": "wait"}), "Restart SGLang host by host", "wait",
+     "the stop may have started the new one (process method)"),
+    (FakeTask("Renew the restart lock (wait)", path="/r/playbooks/tasks/restart_lock_renew.yml:8"),
+     "Restart SGLang host by host", None, "run playbooks/check.yml for this host"),
+    (FakeTask("Take the restart lock", path="/r/playbooks/tasks/restart_lock_take.yml:3"),
+     "Restart SGLang host by host", "lock", "a lock taken frees itself when its lease ends"),
+    (FakeTask("Read the lock", path="/r/playbooks/restart.yml:60"), "Preflight: check every host", "preflight",
+     "nothing was changed on this host: check ssh"),
+])
+def test_an_unreachable_hosts_phase_and_advice_come_from_the_phase_table(monkeypatch, task, play, phase, words):
+    plugin = make(monkeypatch)
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    plugin.v2_playbook_on_play_start(Named(play))
+    plugin.v2_runner_on_unreachable(FakeResult("h1", {"msg": "ssh: Connection reset"}, task))
+    row = cb.build_rows(["h1"], {}, {}, plugin._unreachable, {})[0]
+    assert row["result"] == "unreachable" and row["phase"] == phase and words in row["advice"], row
 
 
 def test_callback_prints_the_check_table_for_check_yml(monkeypatch):
