@@ -551,9 +551,10 @@ gpufleet_not_started_rows = run.not_started_rows
 
 def gpufleet_lock_plan(stretches):
     """restart.yml's lease plan (:func:`phases.lock_plan`) from ``stretches``: a mapping with ``stop_s``,
-    ``wait_s``, ``slice_s``, ``verify_s``, ``margin_s`` and ``lease_s``."""
-    return phases.lock_plan(**{k: stretches[k] for k in ("stop_s", "wait_s", "slice_s", "verify_s", "margin_s",
-                                                         "lease_s")})
+    ``wait_s``, ``slice_s``, ``verify_s``, ``margin_s``, ``lease_s`` and optionally ``start_wait_s``,
+    ``startup_check_s``."""
+    names = ("stop_s", "wait_s", "slice_s", "verify_s", "margin_s", "lease_s", "start_wait_s", "startup_check_s")
+    return phases.lock_plan(**{k: stretches[k] for k in names if k in stretches})
 
 
 def gpufleet_unreachable_advice(phase, host=None, state_dir=None, lease_s=None, start_with_stop=None,

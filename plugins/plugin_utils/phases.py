@@ -168,7 +168,7 @@ CUT_SHORT_IN = {
 
 # -- the restart lock's lease --------------------------------------------------------------------------------
 
-def lock_plan(stop_s, wait_s, slice_s, verify_s, margin_s, lease_s):
+def lock_plan(stop_s, wait_s, slice_s, verify_s, margin_s, lease_s, start_wait_s=0, startup_check_s=0):
     """When restart.yml renews the restart lock's lease, from the worst case of each stretch (s).
 
     ``stop_s``: the stop (SIGTERM grace for the server and again for leftovers, the SIGKILL wait, one GPU memory
@@ -182,9 +182,14 @@ def lock_plan(stop_s, wait_s, slice_s, verify_s, margin_s, lease_s):
     renewal — the take, a phase start, a readiness slice — plus the phase ahead would not fit in the budget. A
     renewal is a round trip, and wait and launch start inside the outage, so each one skipped shortens every
     host's downtime). The patch, before the stop, counts in the margin.
+
+    ``wait_renews_when_memory_free``: whether the wait's renewal is still needed when the stop saw the GPU memory
+    free already (no GPU memory wait follows): only when the lease from the last renewal would not cover the stop,
+    the start's readiness window (the longer of ``start_wait_s`` and ``startup_check_s``, sglang_launch's) and
+    one readiness slice.
     """
-    stop_s, wait_s, slice_s, verify_s, margin_s, lease_s = (
-        float(v) for v in (stop_s, wait_s, slice_s, verify_s, margin_s, lease_s))
+    stop_s, wait_s, slice_s, verify_s, margin_s, lease_s, start_wait_s, startup_check_s = (
+        float(v) for v in (stop_s, wait_s, slice_s, verify_s, margin_s, lease_s, start_wait_s, startup_check_s))
     min_lease_s = int(math.ceil(max(stop_s, wait_s, slice_s, verify_s) + margin_s))
     budget_s = max(lease_s, min_lease_s) - margin_s
     renew = []
@@ -198,4 +203,5 @@ def lock_plan(stop_s, wait_s, slice_s, verify_s, margin_s, lease_s):
     # Since the last readiness slice: verify.
     if slice_s + verify_s > budget_s:
         renew.append("verify")
-    return {"min_lease_s": min_lease_s, "budget_s": budget_s, "renew_phases": renew}
+    return {"min_lease_s": min_lease_s, "budget_s": budget_s, "renew_phases": renew,
+            "wait_renews_when_memory_free": stop_s + max(start_wait_s, startup_check_s) + slice_s > budget_s}

@@ -117,13 +117,28 @@ def test_the_least_lease_outlasts_the_longest_stretch_plus_the_margin_rounded_up
     assert plan["budget_s"] == 11.0
 
 
+@pytest.mark.parametrize("lease_s,start_wait_s,startup_check_s,renews", [
+    (300, 3, 3, False),  # budget 240: the stop 145 + the start's window 3 + a slice 30 fit
+    (300, 70, 3, True),  # 145 + 70 + 30 = 245 > 240
+    (300, 3, 70, True),  # the longer of the two windows counts
+    (400, 70, 70, False),  # budget 340
+])
+def test_the_wait_renews_after_a_stop_that_saw_the_memory_free_only_when_the_start_would_outrun_the_lease(
+        lease_s, start_wait_s, startup_check_s, renews):
+    plan = phases.lock_plan(lease_s=lease_s, start_wait_s=start_wait_s, startup_check_s=startup_check_s, **DEFAULTS)
+    assert plan["wait_renews_when_memory_free"] is renews
+
+
 def test_the_lock_plan_filter_takes_restart_yml_s_mapping():
     plan = gpufleet_run.FilterModule().filters()["gpufleet_lock_plan"](dict(DEFAULTS, lease_s="300"))
     assert plan == phases.lock_plan(lease_s=300, **DEFAULTS)
+    plan = gpufleet_run.FilterModule().filters()["gpufleet_lock_plan"](dict(DEFAULTS, lease_s=300, start_wait_s="70",
+                                                                            startup_check_s=3))
+    assert plan["wait_renews_when_memory_free"] is True
 
 
-# The Jinja restart.yml worked the plan out with before it moved here (main 36d90d5, restart.yml:152-164): the
-# function must give what it gave, for any stretches.
+# The Jinja restart.yml (main 36d90d5, restart.yml:152-164) and tasks/restart_lock_renew.yml worked the plan out
+# with before it moved here: the function must give what they gave, for any stretches.
 _OLD_MIN_LEASE = ("{{ ([stop | float, wait | float, slice | float, verify | float] | max + (margin | float))"
                   " | round(0, 'ceil') | int }}")
 _OLD_BUDGET = "([lease | float, min_lease | float] | max) - (margin | float)"
@@ -132,17 +147,24 @@ _OLD_RENEW = (
     " + (['launch'] if ((wait | float) + (0 if (stop | float) + (wait | float) > (B) else (stop | float))"
     " + (slice | float)) > (B) else [])"
     " + (['verify'] if (slice | float) + (verify | float) > (B) else []) }}").replace("B", _OLD_BUDGET)
+_OLD_WAIT_WHEN_FREE = "{{ (stop | float) + ([start_wait | float, startup_check | float] | max) + (slice | float) > (B) }}".replace(
+    "B", _OLD_BUDGET)
 _ENV = jinja2.Environment()
 _seconds = st.integers(min_value=0, max_value=4000) | st.floats(min_value=0, max_value=4000, allow_nan=False)
 
 
 @settings(max_examples=300, deadline=None)
-@given(stop=_seconds, wait=_seconds, slice_=_seconds, verify=_seconds, margin=_seconds, lease=_seconds)
-def test_property_the_plan_is_what_restart_yml_s_jinja_gave(stop, wait, slice_, verify, margin, lease):
-    values = dict(stop=stop, wait=wait, slice=slice_, verify=verify, margin=margin, lease=lease)
+@given(stop=_seconds, wait=_seconds, slice_=_seconds, verify=_seconds, margin=_seconds, lease=_seconds,
+       start_wait=_seconds, startup_check=_seconds)
+def test_property_the_plan_is_what_restart_yml_s_jinja_gave(stop, wait, slice_, verify, margin, lease, start_wait,
+                                                            startup_check):
+    values = dict(stop=stop, wait=wait, slice=slice_, verify=verify, margin=margin, lease=lease,
+                  start_wait=start_wait, startup_check=startup_check)
     min_lease = int(_ENV.from_string(_OLD_MIN_LEASE).render(**values))
     renew = _ENV.from_string(_OLD_RENEW).render(min_lease=min_lease, **values)
+    when_free = _ENV.from_string(_OLD_WAIT_WHEN_FREE).render(min_lease=min_lease, **values)
     plan = phases.lock_plan(stop_s=stop, wait_s=wait, slice_s=slice_, verify_s=verify, margin_s=margin,
-                            lease_s=lease)
+                            lease_s=lease, start_wait_s=start_wait, startup_check_s=startup_check)
     assert plan["min_lease_s"] == min_lease
     assert str(plan["renew_phases"]) == renew
+    assert str(plan["wait_renews_when_memory_free"]) == when_free
