@@ -43,7 +43,6 @@ description:
 """
 
 import atexit
-import importlib.util
 import os
 import re
 import signal
@@ -54,6 +53,12 @@ import time
 from ansible import constants as C
 from ansible.plugins.callback import CallbackBase
 
+# The controller-side core (plugins/plugin_utils) and the tables' filters, imported by their collection path: the
+# collection loader finds them in the checkout (ansible.cfg's collections_path) or in the installed collection.
+from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet import gpufleet_summary_table
+from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_check import gpufleet_check_table
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import phases, run
+
 # stdout callbacks that print for people; anything else (json, jsonl, junit, tree, unknown) gets no line from us.
 HUMAN_STDOUT_CALLBACKS = frozenset((
     "default", "minimal", "oneline", "debug", "dense", "yaml", "unixy", "selective", "skippy", "actionable",
@@ -61,54 +66,8 @@ HUMAN_STDOUT_CALLBACKS = frozenset((
 ))
 HUMAN_PREFIXES = ("ansible.builtin.", "community.general.", "ansible.posix.", "gpufleet.fleet.")
 
-# Role → restart phase, for rows the playbook could not write (the host went unreachable).
-PHASE_OF_ROLE = {
-    "sglang_preflight": "preflight", "sglang_stop": "stop", "gpu_memory_wait": "wait",
-    "sglang_nccl_patch": "patch", "sglang_launch": "launch", "sglang_verify": "verify",
-}
-# What a host may be doing when the connection was lost in a phase (restart.yml publishes the same words as a
-# provisional row at each phase start; these cover a host lost before the first one).
-UNREACHABLE_ADVICE = {
-    "preflight": "nothing was changed on this host: check ssh, then rerun",
-    "lock": "nothing was stopped; a lock taken frees itself when its lease ends: check ssh, then rerun",
-    "patch": "the old server still serves; engine.py may be patched (its previous bytes are in "
-             "<sglang_state_dir>/nccl-patch-prev): rerun restart.yml for this host once the lock's lease ended",
-    "stop": "the old server may be stopped or still draining, engine.py patched, the new one may have been started by "
-            "the stop (process method): run playbooks/check.yml for this host, then rerun restart.yml once the "
-            "lock's lease ended",
-    "wait": "the old server is stopped; the stop may have started the new one (process method): run "
-            "playbooks/check.yml for this host, then rerun restart.yml once the lock's lease ended",
-    "launch": "ssh lost during launch: the server may have come up; run playbooks/check.yml for this host",
-    "verify": "the new server was up when the connection was lost: run playbooks/check.yml for this host",
-}
-_PHASE_IN_TASK = re.compile(r"\((preflight|lock|stop|wait|patch|launch|verify)\)\s*$")
 # The first play of every playbook (playbooks/tasks/guards.yml): its failures concern the run, not a host.
 GUARD_PLAY_PREFIX = "Check the command line"
-
-
-_FILTERS = {}
-
-
-def _load_filter(name, attr):
-    """``attr`` of plugins/filter/<name>.py (one implementation for filter and callback; each file read once)."""
-    if name not in _FILTERS:
-        here = os.path.dirname(os.path.realpath(__file__))
-        path = os.path.join(here, "..", "filter", name + ".py")
-        spec = importlib.util.spec_from_file_location("gpufleet_filter_for_summary_" + name, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _FILTERS[name] = mod
-    return getattr(_FILTERS[name], attr)
-
-
-def _load_table():
-    """gpufleet_summary_table from plugins/filter/gpufleet.py."""
-    return _load_filter("gpufleet", "gpufleet_summary_table")
-
-
-def _load_check_table():
-    """gpufleet_check_table from plugins/filter/gpufleet_check.py (the check.yml fleet table)."""
-    return _load_filter("gpufleet_check", "gpufleet_check_table")
 
 
 def _first_copy(callback, kind, event):
@@ -192,22 +151,22 @@ def is_human_stdout(name):
 
 
 def _phase_of(task, play_name=""):
+    """The phase ``task`` belongs to (phases.phase_of_task: its role, its task file, the ``gpufleet_phase`` it was
+    imported with), else preflight in restart.yml's preflight play, else None (the host stays in its phase)."""
     role = getattr(task, "_role", None)
-    name = role.get_name() if role is not None else ""
-    if name in PHASE_OF_ROLE:
-        return PHASE_OF_ROLE[name]
+    phase_var = None
+    if hasattr(task, "get_vars"):
+        try:
+            phase_var = task.get_vars().get("gpufleet_phase")
+        except Exception:  # noqa: BLE001 - a task whose vars cannot be read names no phase
+            phase_var = None
     path = task.get_path() or "" if hasattr(task, "get_path") else ""
-    if "restart_lock_take" in path:
-        return "lock"
-    # restart.yml's own tasks end in "(<phase>)" ("Renew the restart lock (wait)"), as the gpufleet CLI reads them
-    match = _PHASE_IN_TASK.search(task.get_name() or "") if hasattr(task, "get_name") else None
-    if match:
-        return match.group(1)
-    if "restart_lock" in path:
-        return None  # a renewal or the release: the host stays in its phase
-    if (play_name or "").startswith("Preflight"):
+    phase = phases.phase_of_task(role=role.get_name() if role is not None else None, task_path=path,
+                                 phase_var=phase_var)
+    if phase is None and not (path and "/playbooks/tasks/restart_lock" in path) and \
+            (play_name or "").startswith("Preflight"):
         return "preflight"
-    return None
+    return phase
 
 
 def build_rows(targets, rows, fact_rows, unreachable, failed):
@@ -234,7 +193,7 @@ def build_rows(targets, rows, fact_rows, unreachable, failed):
             phase = row.get("phase") or phase
             row = dict(row, host=host, result="unreachable", phase=phase,
                        cause=row.get("cause") or _first_line(message) or "connection lost",
-                       advice=row.get("advice") or UNREACHABLE_ADVICE.get(phase, "run playbooks/check.yml for this host"))
+                       advice=row.get("advice") or phases.unreachable_advice(phase))
         elif not row and host in failed:
             phase, task, message = failed[host]
             row = {"host": host, "result": "refused" if phase == "preflight" else "failed", "phase": phase,
@@ -509,15 +468,13 @@ class CallbackModule(CallbackBase):
         if self._is_restart() and ("signalled" in res or "ready" in res):
             seen = self._seen.setdefault(result.host.get_name(), {})
             keys = ("signalled", "main_pid", "stop_ms", "start", "ready", "pid")
-            _load_filter("gpufleet_run", "gpufleet_server_seen")(
-                seen, _plain({k: res[k] for k in keys if k in res}), time.time())
+            run.server_seen(seen, _plain({k: res[k] for k in keys if k in res}), time.time())
 
     def _note_lock(self, result):
-        """The restart lock this run holds per host (``gpufleet_lock_seen``: taken, renewed, released)."""
+        """The restart lock this run holds per host (``run.lock_seen``: taken, renewed, released)."""
         if self._is_restart() and ("acquired" in result.result or "lock_release" in result.result):
             host = result.host.get_name()
-            self._lock[host] = _load_filter("gpufleet_run", "gpufleet_lock_seen")(
-                self._lock.get(host), _plain(dict(result.result)))
+            self._lock[host] = run.lock_seen(self._lock.get(host), _plain(dict(result.result)))
 
     def v2_runner_on_ok(self, result):
         try:
@@ -580,26 +537,23 @@ class CallbackModule(CallbackBase):
     def interrupted_rows(self, now=None, signum=None):
         """Rows for the hosts a run cancelled (SIGTERM) or interrupted (Ctrl-C) before their own row: host → row
         with result ``cancelled``/``interrupted``, the phase, what the cancel really did there and what to do
-        (``gpufleet_cut_short`` from the phase and the stop's and launch's results seen, with the restart lock it
-        left) and the outage so far (``gpufleet_outage_so_far``). A host's provisional ``unreachable`` row
+        (``run.cut_short`` from the phase and the stop's and launch's results seen, with the restart lock it
+        left) and the outage so far (``run.outage_so_far``). A host's provisional ``unreachable`` row
         (published at each phase start) is such a host too, unless the host really went unreachable. Targeted hosts
         no task of the rolling play reached get ``not_started`` (untouched)."""
         now = time.time() if now is None else now
         signum = signum or self._cancel_signal() or signal.SIGINT
         word = CANCEL_WORD.get(signum, "interrupted")
-        cut_short = _load_filter("gpufleet_run", "gpufleet_cut_short")
-        cut_phase = _load_filter("gpufleet_run", "gpufleet_cut_phase")
-        outage = _load_filter("gpufleet_run", "gpufleet_outage_so_far")
         out = {}
         for host, phase in self._phase.items():
             row = self._rows.get(host)
             if host in self._unreachable or host in self._failed or (row and row.get("result") != "unreachable"):
                 continue
             seen = self._seen.get(host) or {}
-            phase = cut_phase(phase, seen)
+            phase = run.cut_phase(phase, seen)
             line = dict(host=host, result=word, phase=phase, cause=cancel_cause(signum),
-                        advice=cut_short(phase, host, word, seen, self._lock.get(host)))
-            line.update(outage(seen, now))
+                        advice=run.cut_short(phase, host, word, seen, self._lock.get(host)))
+            line.update(run.outage_so_far(seen, now))
             out[host] = line
         for host in self._targets or []:
             if host not in out and host not in self._phase and host not in self._rows and host not in self._failed \
@@ -629,7 +583,7 @@ class CallbackModule(CallbackBase):
         rows = build_rows(self._targets, rows, self._fact_rows, self._unreachable, self._failed)
         self._display.banner("GPUFLEET SUMMARY (%s)" % (
             "cancelled: SIGTERM" if signum == signal.SIGTERM else "interrupted"))
-        self._display.display(render(rows, _load_table()))
+        self._display.display(render(rows, gpufleet_summary_table))
         sys.stdout.flush()
 
     def v2_playbook_on_stats(self, stats):
@@ -638,7 +592,7 @@ class CallbackModule(CallbackBase):
             # one table even when the callback is both adjacent to the playbooks and enabled by name
             if self._prints() and _first_copy(self, "stats", stats):
                 self._display.banner("GPUFLEET CHECK")
-                self._display.display(_load_check_table()(self._check))
+                self._display.display(gpufleet_check_table(self._check))
             return
         if self._targets is None and not self._rows and not self._fact_rows and not self._seen_restart:
             return  # not restart.yml
@@ -647,7 +601,7 @@ class CallbackModule(CallbackBase):
         rows = build_rows(self._targets, self._rows, self._fact_rows, self._unreachable, self._failed)
         self._display.banner("GPUFLEET SUMMARY")
         if rows:
-            self._display.display(render(rows, _load_table()))
+            self._display.display(render(rows, gpufleet_summary_table))
         else:
             self._display.display("no host was restarted")
         for message in self._guard_failures:

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from gpufleet_cli import __version__
+from gpufleet_cli import __version__, core
 from gpufleet_cli.events import FleetProgress, build_report
 
 COMMANDS = {
@@ -361,10 +361,15 @@ def run(args, out=None, err=None):
     project = os.path.abspath(args.project_dir) if args.project_dir else find_project()
     if args.project_dir and not project:
         raise SystemExit("gpufleet: --project-dir %s is not a gpufleet checkout" % args.project_dir)
+    try:
+        # The core (plugins/plugin_utils) of the collection whose playbooks run: the checkout's, else the installed one.
+        core_run = core.load("run", project=project)
+    except core.CoreMissing as exc:
+        raise UsageError(str(exc)) from None
     spec, run_dir, report_dir = run_spec(args, project)
     os.makedirs(report_dir, exist_ok=True)
     write_extravars(run_dir, spec.pop("extravars"))
-    progress = FleetProgress(default_phase=DEFAULT_PHASE[args.command])
+    progress = FleetProgress(default_phase=DEFAULT_PHASE[args.command], run=core_run)
     lock = threading.Lock()
     shown = {"n": 0}
 

@@ -13,13 +13,9 @@ import os
 import re
 import time
 
-# Role → restart phase (the same words as the summary callback's rows).
-PHASE_OF_ROLE = {
-    "sglang_preflight": "preflight", "sglang_stop": "stop", "gpu_memory_wait": "wait",
-    "sglang_nccl_patch": "patch", "sglang_launch": "launch", "sglang_verify": "verify",
-}
-# restart.yml's own tasks end in "(<phase>)": "Note the phase (patch)", "Renew the restart lock (wait)".
-_PHASE_IN_TASK = re.compile(r"\((preflight|lock|stop|wait|patch|launch|verify)\)\s*$")
+from gpufleet_cli import core
+
+# Ansible's own name of the task that validates an include_role entry point's arguments (tasks_from: rollback).
 _ARG_SPEC_ENTRY = re.compile(r"^Validating arguments against arg spec '(\w+)'")
 # The first play of every playbook checks the command line on the controller (playbooks/tasks/guards.yml).
 GUARD_PLAY_PREFIX = "Check the command line"
@@ -31,53 +27,28 @@ BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not
 CHECK_VERDICTS = ("OK", "WARN", "CRIT")
 
 
-def _load_run_filter():
-    """The checkout's plugins/filter/gpufleet_run.py (one implementation for the CLI, the filter and the summary
-    callback); None when the CLI runs without the checkout beside it."""
-    import importlib.util
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "plugins", "filter",
-                        "gpufleet_run.py")
-    if not os.path.exists(path):
-        return None
-    spec = importlib.util.spec_from_file_location("gpufleet_run_for_cli", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_RUN = _load_run_filter()
-
-
-def cut_short(phase, host, word="cancelled", seen=None, lock=None):
-    """What a restart of ``host`` cut short in ``phase`` really did and what to do (``gpufleet_cut_short`` with
+def cut_short(phase, host, word="cancelled", seen=None, lock=None, run=None):
+    """What a restart of ``host`` cut short in ``phase`` really did and what to do (the core's ``cut_short`` with
     the results ``seen`` and the restart ``lock`` left; a new server seen ready makes it the verify phase:
-    ``gpufleet_cut_phase``)."""
-    if _RUN is not None:
-        return _RUN.gpufleet_cut_short(_RUN.gpufleet_cut_phase(phase, seen), host, word, seen, lock)
-    return "%s in %s: playbooks/check.yml -e target=%s shows the host now" % (word, phase, host)
+    ``cut_phase``). ``run``: the core's run module (default: :func:`gpufleet_cli.core.load`)."""
+    run = run or core.load("run")
+    return run.cut_short(run.cut_phase(phase, seen), host, word, seen, lock)
 
 
 def phase_of(event_data, default=None):
-    """The phase a task belongs to (str) from its role or its name's ``(<phase>)`` suffix, else ``default``.
-
-    sglang_launch's ``tasks/rollback.yml`` is the ``rollback`` phase; its ``tasks/record.yml`` (the launch
-    record written after verify) and ``tasks/prepare.yml`` with the ``tasks/checks.yml`` it imports (the new argv
-    rendered in the stop phase, for the stop to start the server) belong to no phase of their own (``default``):
-    the host stays in the phase it is in.
+    """The phase a task belongs to (str), else ``default``: the core's phase table (``phases.phase_of_task``)
+    read from the event's structured data: its role, its task file (``task_path``: sglang_launch's
+    ``tasks/rollback.yml`` is the ``rollback`` phase, its ``record``/``prepare``/``checks`` files belong to no
+    phase of their own, playbooks/tasks/restart_lock_take.yml is the ``lock`` phase), or the provisional row
+    restart.yml's phase mark publishes for the host (``set_stats`` of ``gpufleet_restart``: its ``phase``).
     """
-    task_path = event_data.get("task_path") or ""
+    phases = core.load("phases")
     entry = _ARG_SPEC_ENTRY.match(event_data.get("task") or "")  # include_role tasks_from's validation task
-    if "/sglang_launch/tasks/rollback.yml" in task_path or (entry and entry.group(1) == "rollback"):
-        return "rollback"
-    if any("/sglang_launch/tasks/%s.yml" % name in task_path for name in ("record", "prepare", "checks")) or (
-            entry and entry.group(1) in ("record", "prepare")):
-        return default
-    role = event_data.get("role") or ""
-    role = role.rsplit(".", 1)[-1]
-    if role in PHASE_OF_ROLE:
-        return PHASE_OF_ROLE[role]
-    match = _PHASE_IN_TASK.search(event_data.get("task") or "")
-    return match.group(1) if match else default
+    phase = phases.phase_of_task(role=event_data.get("role"), task_path=event_data.get("task_path"),
+                                 entry_point=entry.group(1) if entry else None, default=None)
+    if phase is None:
+        phase = phases.phase_of_row(event_data.get("res"), event_data.get("host"))
+    return phase or default
 
 
 def _short_task(event_data):
@@ -107,7 +78,8 @@ class FleetProgress:
     line) are kept apart in ``run_errors`` (list of str). ``clock`` is a monotonic time source in seconds.
     """
 
-    def __init__(self, default_phase=None, clock=time.monotonic, wall=time.time):
+    def __init__(self, default_phase=None, clock=time.monotonic, wall=time.time, run=None):
+        self._run = run  # the core's run module (plugin_utils/run.py); loaded at the first result when None
         self._clock = clock
         self._wall = wall
         self._default_phase = default_phase
@@ -172,15 +144,22 @@ class FleetProgress:
         return True
 
     def _note_server(self, row, res):
-        """The old and new server's pids and when the stop and readiness happened (``gpufleet_server_seen``)."""
-        if _RUN is not None:
-            _RUN.gpufleet_server_seen(row["seen"], res, self._wall())
-            row["lock"] = _RUN.gpufleet_lock_seen(row["lock"], res)
+        """The old and new server's pids and when the stop and readiness happened (the core's ``server_seen``), and
+        the restart lock the run holds (``lock_seen``)."""
+        self.run.server_seen(row["seen"], res, self._wall())
+        row["lock"] = self.run.lock_seen(row["lock"], res)
+
+    @property
+    def run(self):
+        """The core's run module (plugins/plugin_utils/run.py of the collection the CLI runs)."""
+        if self._run is None:
+            self._run = core.load("run")
+        return self._run
 
     def finish(self, status="successful"):
         """End the run: hosts still running are ``ok`` after a run that ended (ansible-runner status
         successful/failed), ``cancelled`` (the summary callback's word) after one that was cancelled, timed out or did not finish; a cancelled
-        restart host gets a cause saying what its phase leaves behind (``gpufleet_cut_short``)."""
+        restart host gets a cause saying what its phase leaves behind (the core's ``cut_short``)."""
         now = self._clock()
         for row in self._hosts.values():
             if row["ended"] is None:
@@ -188,7 +167,8 @@ class FleetProgress:
             if row["state"] == "running":
                 row["state"] = "ok" if status in ("successful", "failed") else "cancelled"
                 if row["state"] == "cancelled" and row["phase"] and not row["cause"]:
-                    row["cause"] = cut_short(row["phase"], row["host"], seen=row["seen"], lock=row["lock"])
+                    row["cause"] = cut_short(row["phase"], row["host"], seen=row["seen"], lock=row["lock"],
+                                             run=self.run)
 
     def wall(self):
         """The wall clock (epoch s) this progress reads."""
@@ -267,8 +247,7 @@ def _restart_rows(progress):
             line = {"host": row["host"], "result": row["state"], "phase": row["phase"], "cause": row["cause"]}
             # A run cut short after the stop (no summary row came): the outage so far, until a server was seen
             # ready; the rerun will not know a server ran (it finds none), so this report is where it is counted.
-            if _RUN is not None:
-                line.update(_RUN.gpufleet_outage_so_far(row["seen"], now))
+            line.update(progress.run.outage_so_far(row["seen"], now))
             out[row["host"]] = line
     return out
 

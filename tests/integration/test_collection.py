@@ -135,6 +135,71 @@ def test_the_checkout_resolves_itself_as_the_collection_and_prints_one_summary()
     assert ad_hoc.returncode == 0, ad_hoc.stdout + ad_hoc.stderr
 
 
+# A restart cancelled after the stop (process method: the stop started the new server), as ansible-runner's events
+# carry it; the CLI's report says what the cut left from the core's decisions (cut_short, outage_so_far).
+_CANCELLED_RESTART = r"""
+import json, sys
+import gpufleet_cli
+from gpufleet_cli import events
+
+def ev(kind, **data):
+    return {"event": kind, "event_data": dict(host="gpu-01", play="Restart SGLang host by host", **data)}
+
+wall = [5000.0]
+p = events.FleetProgress(wall=lambda: wall[0])
+p.handle(ev("runner_on_ok", task="Stop", role="gpufleet.fleet.sglang_stop",
+            res={"signalled": [{"pid": 4242, "signals": ["SIGTERM"]}], "main_pid": 4242, "stop_ms": 1500,
+                 "start": {"started": True, "pid": 5151}}))
+p.handle(ev("runner_on_ok", task="Publish what this host may be doing if the connection is lost (launch)",
+            task_path="/c/ansible_collections/gpufleet/fleet/playbooks/tasks/restart_phase.yml:9",
+            res={"ansible_stats": {"data": {"gpufleet_restart": {"gpu-01": {"phase": "launch"}}}}}))
+wall[0] = 5030.0
+report = events.build_report("restart", p, "canceled", None, "/a")
+print(json.dumps({"row": report["hosts"]["gpu-01"], "cli": gpufleet_cli.__file__,
+                  "core": type(p.run).__name__ and p.run.__file__,
+                  "modules": sorted({getattr(m, "__file__", None) or "" for m in list(sys.modules.values())})}))
+"""
+
+
+def test_the_cli_runs_from_outside_the_checkout_on_the_installed_collections_core(installed, tmp_path):
+    # The gpufleet package as pip installs it (src/gpufleet_cli, pure Python, into a directory of its own: the
+    # controller venv has no `wheel` to build one offline): neither the checkout nor its collections/ link is on
+    # the CLI's path; the core comes from the installed collection.
+    site = tmp_path / "site"
+    shutil.copytree(os.path.join(ROOT, "src", "gpufleet_cli"), str(site / "gpufleet_cli"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(installed["env"], PYTHONPATH=str(site))
+    cwd = installed["cwd"]
+    help_ = run([sys.executable, "-m", "gpufleet_cli", "check", "--help"], cwd, env)
+    assert help_.returncode == 0 and "--inventory" in help_.stdout, help_.stdout + help_.stderr
+    # The CLI's event handling on the installed core: the cancelled host's cause and outage are its decisions.
+    done = run([sys.executable, "-c", _CANCELLED_RESTART], cwd, env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["cli"].startswith(str(site) + os.sep)
+    assert seen["core"] == os.path.join(installed["colls"], "ansible_collections", "gpufleet", "fleet", "plugins",
+                                        "plugin_utils", "run.py")
+    # nothing from the checkout (its venv aside): not src/, not plugins/ through collections/
+    assert not [m for m in seen["modules"] if m.startswith(ROOT + os.sep) and not m.startswith(sys.prefix + os.sep)]
+    row = seen["row"]
+    assert row["phase"] == "launch" and row["old_pid"] == 4242 and row["new_pid"] == 5151
+    assert row["downtime_s"] == 31.5 and row["still_down"] is True
+    assert row["cause"].startswith("cancelled after the stop (old server pid 4242): the new server (pid 5151) was "
+                                   "started but not verified"), row["cause"]
+    # A real run: the installed collection's restart.yml, refused by its command-line guard (nothing touched).
+    art = tmp_path / "art"
+    refused = run([sys.executable, "-m", "gpufleet_cli", "restart", "-i", "gpu-x,", "-e", "target=gpu-x",
+                   "-e", "gpufleet_serial=abc", "--json", "--artifacts-dir", str(art)], cwd, env)
+    report = json.loads(refused.stdout)
+    assert refused.returncode != 0 and report["exit_code"] == refused.returncode, refused.stderr
+    assert any("gpufleet_serial" in e for e in report["run_errors"]), report
+    # Without the collection anywhere Ansible looks, the CLI says so and runs nothing.
+    bare = run([sys.executable, "-m", "gpufleet_cli", "check", "--artifacts-dir", str(tmp_path / "bare")], cwd,
+               dict(clean_env(PYTHONPATH=str(site)), HOME=str(tmp_path), ANSIBLE_COLLECTIONS_PATH=str(tmp_path)))
+    assert bare.returncode == 2 and "gpufleet.fleet collection is not installed" in bare.stderr, bare.stderr
+    assert not (tmp_path / "bare").exists()
+
+
 @pytest.mark.lab_only_once
 def test_ansible_lint_imports_the_modules_and_checks_their_arguments(tmp_path):
     lint = os.path.join(BIN, "ansible-lint")

@@ -151,6 +151,41 @@ def test_rollback_is_a_phase_and_the_launch_record_keeps_the_verify_phase():
     assert p.changes == [("gpu-01", "verify"), ("gpu-01", "rollback")]
 
 
+def test_phases_come_from_the_phase_mark_and_the_lock_take_not_from_task_names():
+    # restart.yml's own tasks carry no role: the lock take is its task file, a phase start the provisional row its
+    # phase mark publishes (set_stats); a task whose name merely ends in "(verify)" moves nothing.
+    p = events.FleetProgress()
+    p.handle(ev("runner_on_start", "gpu-01", task="Take the restart lock",
+                task_path="/c/ansible_collections/gpufleet/fleet/playbooks/tasks/restart_lock_take.yml:12"))
+    mark = {"ansible_stats": {"data": {"gpufleet_restart": {"gpu-01": {"phase": "patch", "result": "unreachable"}}},
+                              "per_host": False, "aggregate": True}, "changed": False}
+    p.handle(ev("runner_on_start", "gpu-01", task="Publish what this host may be doing if the connection is lost "
+                "(patch)", task_path="/r/playbooks/tasks/restart_phase.yml:9"))
+    assert p.changes == [("gpu-01", "lock")]
+    p.handle(ev("runner_on_ok", "gpu-01", task="Publish what this host may be doing if the connection is lost "
+                "(patch)", task_path="/r/playbooks/tasks/restart_phase.yml:9", res=mark))
+    p.handle(ev("runner_on_start", "gpu-01", task="Renew the restart lock (verify)",
+                task_path="/r/playbooks/tasks/restart_lock_renew.yml:8"))
+    # another host's row in the same stats is not this host's phase
+    p.handle(ev("runner_on_ok", "gpu-02", task="Publish", task_path="/r/playbooks/tasks/restart_phase.yml:9",
+                res=mark))
+    assert p.changes == [("gpu-01", "lock"), ("gpu-01", "patch")]
+    assert p.hosts()[1]["phase"] is None
+
+
+def test_without_the_collection_the_cli_refuses_naming_where_it_looked(tmp_path, monkeypatch, capsys):
+    from gpufleet_cli import core
+    monkeypatch.setattr(core, "PACKAGE", "ansible_collections.gpufleet.nowhere.plugins.plugin_utils")
+    with pytest.raises(core.CoreMissing, match="not installed where Ansible looks for collections \\(%s\\)"
+                       % str(tmp_path)):
+        core.load("run", environ={"ANSIBLE_COLLECTIONS_PATH": str(tmp_path)})
+    monkeypatch.setattr(core, "collection_roots", lambda project=None, environ=None: [str(tmp_path)])
+    assert cli.main(["check", "--artifacts-dir", str(tmp_path / "art")]) == 2
+    err = capsys.readouterr().err
+    assert "gpufleet.fleet collection is not installed" in err and "Nothing was run" in err
+    assert not (tmp_path / "art").exists()
+
+
 def test_retry_progress_shows_in_the_task_column():
     p = events.FleetProgress()
     p.handle(ev("runner_retry", "gpu-01", task="Wait for GPU memory", role="gpu_memory_wait",

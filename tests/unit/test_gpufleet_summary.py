@@ -1,14 +1,12 @@
 """plugins/callback/gpufleet_summary.py: rows for every targeted host, the printed summary, progress lines,
 and silence under machine-readable stdout callbacks."""
-import importlib.util
 import pathlib
 
 import pytest
 
+from ansible_collections.gpufleet.fleet.plugins.callback import gpufleet_summary as cb
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("gpufleet_summary_cb", ROOT / "plugins" / "callback" / "gpufleet_summary.py")
-cb = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cb)
 
 
 def test_the_playbooks_callback_dir_loads_this_file():
@@ -86,7 +84,7 @@ def test_failures_outside_the_targets_are_not_rows():
 
 
 def test_render_shows_down_and_a_note_per_host_that_is_not_ok():
-    table = cb._load_table()
+    table = cb.gpufleet_summary_table
     text = cb.render([
         {"host": "h1", "result": "ok", "downtime_s": 9.04, "nccl": "ok", "new_pid": 40},
         {"host": "h2", "result": "failed", "phase": "wait", "cause": "GPU 3 holds 30000 MiB", "downtime_s": 42.0,
@@ -109,7 +107,7 @@ def test_render_names_the_hosts_of_a_first_launch_in_one_line():
         {"host": "h1", "result": "ok", "downtime_s": 0.0, "new_pid": 40, "advice": note},
         {"host": "h2", "result": "ok", "downtime_s": 0.0, "new_pid": 41, "advice": note},
         {"host": "h3", "result": "ok", "downtime_s": 2.5, "old_pid": 9, "new_pid": 42},
-    ], cb._load_table())
+    ], cb.gpufleet_summary_table)
     assert text.splitlines()[4:] == ["h1, h2: ok: " + note]
 
 
@@ -126,7 +124,7 @@ def test_render_says_a_cause_shared_by_many_hosts_once_with_the_hosts_it_concern
                  "playbooks/restart.yml -e target=h-ok --tags verify"})
     rows.append({"host": "h-ok2", "result": "ok", "downtime_s": 0.0, "advice": "launched but not verified: "
                  "playbooks/restart.yml -e target=h-ok2 --tags verify"})
-    text = cb.render(rows, cb._load_table())
+    text = cb.render(rows, cb.gpufleet_summary_table)
     notes = text.splitlines()[len(rows) + 1:]
     assert notes == [
         "h-ok, h-ok2: ok: launched but not verified: playbooks/restart.yml -e target=<host> --tags verify",
@@ -164,13 +162,17 @@ class Named:
 
 
 class FakeTask(Named):
-    def __init__(self, name, role=None, path=""):
+    def __init__(self, name, role=None, path="", task_vars=None):
         super().__init__(name)
         self._role = Named(role) if role else None
         self.path = path
+        self.task_vars = task_vars or {}
 
     def get_path(self):
         return self.path
+
+    def get_vars(self):
+        return dict(self.task_vars)
 
 
 class FakeResult:
@@ -254,6 +256,27 @@ def test_unreachable_phase_comes_from_the_role_of_the_task(monkeypatch):
     plugin.v2_playbook_on_stats(None)
     text = "\n".join(plugin._display.lines)
     assert "h1: unreachable in launch: ssh: Connection reset" in text and "may have come up" in text
+
+
+@pytest.mark.parametrize("task,play,phase,words", [
+    # restart.yml's own tasks: the phase they were imported with (gpufleet_phase), not their names
+    (FakeTask("Renew the restart lock (wait)", path="/r/playbooks/tasks/restart_lock_renew.yml:8",
+              task_vars={"gpufleet_phase": "wait"}), "Restart SGLang host by host", "wait",
+     "the stop may have started the new one (process method)"),
+    (FakeTask("Renew the restart lock (wait)", path="/r/playbooks/tasks/restart_lock_renew.yml:8"),
+     "Restart SGLang host by host", None, "run playbooks/check.yml for this host"),
+    (FakeTask("Take the restart lock", path="/r/playbooks/tasks/restart_lock_take.yml:3"),
+     "Restart SGLang host by host", "lock", "a lock taken frees itself when its lease ends"),
+    (FakeTask("Read the lock", path="/r/playbooks/restart.yml:60"), "Preflight: check every host", "preflight",
+     "nothing was changed on this host: check ssh"),
+])
+def test_an_unreachable_hosts_phase_and_advice_come_from_the_phase_table(monkeypatch, task, play, phase, words):
+    plugin = make(monkeypatch)
+    plugin.v2_runner_on_ok(FakeResult("h1", {"ansible_facts": {"gpufleet_restart_targets": ["h1"]}}))
+    plugin.v2_playbook_on_play_start(Named(play))
+    plugin.v2_runner_on_unreachable(FakeResult("h1", {"msg": "ssh: Connection reset"}, task))
+    row = cb.build_rows(["h1"], {}, {}, plugin._unreachable, {})[0]
+    assert row["result"] == "unreachable" and row["phase"] == phase and words in row["advice"], row
 
 
 def test_callback_prints_the_check_table_for_check_yml(monkeypatch):

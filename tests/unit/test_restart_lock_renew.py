@@ -68,3 +68,46 @@ def test_verify_skips_its_renewal_after_one_at_readiness_and_renews_when_that_on
     # Same lease and no failure at readiness: nothing runs.
     rc, out = _run(tmp_path, lock_dir=str(lock_dir), _gpufleet_lock_renew_phases=[])
     assert rc == 0 and "skipping: [h1]" in out, out
+
+
+# restart.yml's rolling play works the lease plan out through the core (plugins/plugin_utils/phases.py lock_plan):
+# its own lease variables, rendered by a real ansible-playbook with the variables a user sets.
+PLAN_PLAYBOOK = """
+- hosts: all
+  gather_facts: false
+  vars_files: [%s]
+  vars: %s
+  tasks:
+    - name: Show the plan
+      ansible.builtin.debug:
+        msg: "PLAN {{ {'min': _gpufleet_lock_min_lease_s | int, 'renew': _gpufleet_lock_renew_phases,
+                       'free': _gpufleet_lock_plan.wait_renews_when_memory_free} | to_json }}"
+"""
+
+
+def _plan(tmp_path, **extra):
+    import yaml
+    play = [p for p in yaml.safe_load((ROOT / "playbooks" / "restart.yml").read_text()) if "host by host" in p["name"]][0]
+    lease_vars = {k: v for k, v in play["vars"].items() if k.startswith("_gpufleet_lock_")}
+    (tmp_path / "plan.yml").write_text(PLAN_PLAYBOOK % (ROOT / "playbooks" / "vars" / "restart_lock.yml",
+                                                        json.dumps(lease_vars)))
+    (tmp_path / "inv.json").write_text(json.dumps({"all": {"hosts": {"h1": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               ANSIBLE_NOCOLOR="1")
+    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(tmp_path / "inv.json"),
+            str(tmp_path / "plan.yml")]
+    for key, value in extra.items():
+        argv += ["-e", "%s=%s" % (key, value)]
+    done = subprocess.run(argv, cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.split('"msg": "PLAN ', 1)[1].split('"\n', 1)[0].replace('\\"', '"'))
+
+
+def test_restart_yml_renews_at_wait_and_verify_by_default_and_nowhere_with_a_long_lease(tmp_path):
+    assert _plan(tmp_path) == {"min": 300, "renew": ["wait", "verify"], "free": False}
+    assert _plan(tmp_path, gpufleet_lock_lease_s=325) == {"min": 300, "renew": ["launch", "verify"], "free": False}
+    assert _plan(tmp_path, gpufleet_lock_lease_s=355)["renew"] == []
+    # a longer verify request raises the least lease; a long start window makes the free-memory stop renew at wait
+    assert _plan(tmp_path, sglang_verify_request_timeout_s=200, sglang_launch_start_wait_s=300) == {
+        "min": 460, "renew": ["verify"], "free": True}
