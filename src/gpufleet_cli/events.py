@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 
 # Role → restart phase (the same words as the summary callback's rows).
@@ -39,6 +40,10 @@ def _load_run_filter():
                         "gpufleet_run.py")
     if not os.path.exists(path):
         return None
+    # It imports the guard from plugins/plugin_utils by the collection's name (the checkout is the collection).
+    collections = os.path.normpath(os.path.join(os.path.dirname(path), "..", "..", "collections"))
+    if collections not in sys.path:
+        sys.path.append(collections)
     spec = importlib.util.spec_from_file_location("gpufleet_run_for_cli", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
