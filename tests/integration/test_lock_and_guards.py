@@ -5,7 +5,7 @@
   lease runs, naming the holder, and goes through once the lease ended: never blocked past it.
 - unlock.yml shows the holder (--check leaves the lock) and removes it.
 - target=typo fails non-zero in every playbook; gpufleet_serial=abc is a clear error, not rc 250; empty survey
-  answers count as unset.
+  answers count as unset; a value its argument spec refuses (a choice, a type) is refused before any host is touched.
 - A preflight refusal gives every targeted host a row (refused with its reason, the others not_started), in the
   printed summary and in set_stats' gpufleet_restart; a JSON stdout callback stays valid JSON.
 """
@@ -143,6 +143,25 @@ def test_type_error_names_the_variable_the_user_set(lab):
     assert "sglang_port='http' is not a whole number" in msgs
     assert "gpufleet_lock_lease_s='-1'" in msgs
     assert "sglang_preflight_port" not in msgs
+
+
+def test_a_value_its_argument_spec_refuses_stops_the_run_before_any_host_is_touched(lab):
+    # The guard checks every variable set against the roles' argument specs (plugins/plugin_utils/schema.py), with
+    # ansible.builtin.validate_argument_spec where it has no message of its own: a mistyped launch method reached
+    # the roles only after preflight.
+    host = lab.hosts[0]
+    before = ensure_serving(lab, host)
+    runner = lab.run_playbook(RESTART, extravars=dict(FAST, target=host, sglang_launch_method="sytemd",
+                                                      gpu_memory_wait_backend="nvml2", gpufleet_rollback="ture"))
+    out = stdout_of(runner)
+    assert runner.status == "failed" and runner.rc == 2, out[-3000:]
+    msgs = failed_msgs(lab, runner)
+    assert "value of sglang_launch_method must be one of: systemd, process, got: sytemd" in msgs, msgs
+    assert "gpu_memory_wait_backend must be one of: auto, nvml, nvidia-smi, got: nvml2" in msgs, msgs
+    assert "gpufleet_rollback='ture' is not a boolean" in msgs and "Nothing was changed." in msgs, msgs
+    assert lab.events(runner, "runner_on_ok", "sglang_server_args_info") == []
+    assert server_pid(lab, host) == before  # the old server still serves
+    assert summary_rows(out)[host][1] == "not_reached"
 
 
 @pytest.mark.lab_only_once

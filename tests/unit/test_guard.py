@@ -1,15 +1,13 @@
-"""plugins/filter/gpufleet_run.py: the guards' checks of survey answers and restart.yml's summary rows."""
-import importlib.util
-import pathlib
-
+"""plugins/plugin_utils/guard.py (the command-line guard's decisions, filters in plugins/filter/gpufleet_run.py):
+the checks of survey answers, with the ranges of plugins/plugin_utils/schema.py. Moved from
+test_filter_gpufleet_run.py."""
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("gpufleet_run_filters", ROOT / "plugins" / "filter" / "gpufleet_run.py")
-run = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(run)
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import guard as run
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import schema
+
 
 
 @pytest.mark.parametrize("value", [None, "", "  ", 1, "2", " 3 ", "25%", "0.5%", "100%", [1, "50%"], ("2", 5)])
@@ -57,7 +55,7 @@ def test_type_errors_name_the_variable_the_user_set(name, value, word):
     assert word in message, message
 
 
-@pytest.mark.parametrize("name", run._BOOL_VARS)
+@pytest.mark.parametrize("name", schema.switches())
 def test_a_mistyped_switch_is_refused_before_any_host_is_touched(name):
     # gpufleet_rollback=ture passed every check before the stop; the rollback's own argument check then failed and
     # the host was left down with no rollback; `| bool` reads it as false in silence elsewhere.
@@ -245,8 +243,6 @@ def test_the_verify_burst_settings_are_checked_before_the_stop_and_0_requests_tu
     assert run.gpufleet_guard_errors({"sglang_verify_burst_max_new_tokens": 0})
 
 
-# -- bounds: every count the run reads, capped or refused by what it can mean (issue 30, item 7) ---------------
-
 def test_a_twenty_digit_serial_is_all_the_targeted_hosts_in_one_batch_and_said_so():
     # -e gpufleet_serial=99999999999999999999 passed the guard and ansible-core's batching looped over
     # range(serial) for ever before touching a host.
@@ -312,7 +308,7 @@ def test_property_serial_never_gives_ansible_a_batch_above_the_hosts_nor_a_value
     assert 1 <= run.gpufleet_batch_size(value, n_hosts) <= n_hosts
 
 
-@pytest.mark.parametrize("name", sorted(run._TUNABLES) + ["gpufleet_lock_lease_s", "gpufleet_lock_stale_s",
+@pytest.mark.parametrize("name", sorted(schema.TUNABLES) + ["gpufleet_lock_lease_s", "gpufleet_lock_stale_s",
                                                           "gpufleet_lock_margin_s"])
 def test_every_count_of_the_guard_has_a_most_and_a_twenty_digit_value_is_refused(name):
     for huge in ("99999999999999999999", 99999999999999999999, 10 ** 400, "9" * 5000, "1e400", 1e300):
@@ -320,12 +316,12 @@ def test_every_count_of_the_guard_has_a_most_and_a_twenty_digit_value_is_refused
         assert message.startswith(name + "=") and ("out of range" in message or "not a whole number" in message
                                                    or "not a number" in message), message
         assert len(message) < 400, message
-    high = run._HIGHEST[name]
+    high = schema.RANGES[name].high
     assert run.gpufleet_guard_errors({name: high}) == [], name
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from(sorted(run._TUNABLES) + ["gpufleet_lock_lease_s", "sglang_port"]),
+@given(st.sampled_from(sorted(schema.TUNABLES) + ["gpufleet_lock_lease_s", "sglang_port"]),
        st.one_of(st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=25),
                  st.integers().map(str), st.booleans(), st.none()))
 def test_property_the_guard_never_raises_and_passes_only_values_within_the_bounds(name, value):
@@ -333,4 +329,55 @@ def test_property_the_guard_never_raises_and_passes_only_values_within_the_bound
     assert all(isinstance(e, str) for e in errors)
     if not errors and not run.gpufleet_unset(value) and not isinstance(value, bool):
         number = float(str(value).strip())
-        assert number <= run._HIGHEST.get(name, 65535), (name, value)
+        assert number <= schema.RANGES[name].high, (name, value)
+
+
+def test_the_argument_specs_for_validate_argument_spec_cover_the_set_variables_the_guard_has_no_message_for():
+    hostvars = {"h1": {"sglang_launch_method": "sytemd", "sglang_port": "x", "gpufleet_rollback": "ture",
+                       "sglang_launch_args": {"tp-size": 8}, "sglang_service_user": "", "target": "h1"},
+                "h2": {"sglang_launch_method": "sytemd", "sglang_port": "x", "gpufleet_rollback": "ture",
+                       "sglang_launch_args": {"tp-size": 8}},
+                "h3": {"sglang_launch_method": "process"},
+                "h4": {"gpufleet_serial": 2}}
+    groups = run.gpufleet_guard_argument_specs(hostvars, ["h1", "h2", "h3", "h4"])
+    # port, rollback and target have messages of their own; an empty value is unset; serial is raw
+    assert groups == [
+        {"hosts": ["h1", "h2"], "provided_arguments": {"sglang_launch_method": "sytemd",
+                                                       "sglang_launch_args": {"tp-size": 8}},
+         "argument_spec": {"sglang_launch_method": {"type": "str", "choices": ["systemd", "process"]},
+                           "sglang_launch_args": {"type": "dict"}}},
+        {"hosts": ["h3"], "provided_arguments": {"sglang_launch_method": "process"},
+         "argument_spec": {"sglang_launch_method": {"type": "str", "choices": ["systemd", "process"]}}},
+    ]
+    assert run.gpufleet_guard_argument_specs(hostvars, ["h4"]) == []
+
+
+class _Lazy(dict):
+    """A host's hostvars: a value templated from facts not gathered yet raises when read."""
+
+    def __getitem__(self, key):
+        if key == "sglang_host":
+            raise RuntimeError("'ansible_default_ipv4' is undefined")
+        return dict.__getitem__(self, key)
+
+
+def test_a_value_that_cannot_be_templated_here_is_left_to_its_role():
+    hostvars = {"h1": _Lazy(sglang_host="{{ ansible_default_ipv4.address }}", sglang_launch_method="process")}
+    [group] = run.gpufleet_guard_argument_specs(hostvars, ["h1"])
+    assert group["provided_arguments"] == {"sglang_launch_method": "process"}
+
+
+def test_validate_argument_specs_errors_join_the_report_naming_the_hosts_they_concern():
+    hostvars = {"h1": {"sglang_port": "x"}, "h2": {"sglang_port": "x"}, "h3": {}}
+    validated = {"results": [
+        {"item": {"hosts": ["h1", "h3"]}, "failed": False,
+         "argument_errors": ["value of sglang_launch_method must be one of: systemd, process, got: sytemd"]},
+        {"item": {"hosts": ["h2"]}, "failed": False, "argument_errors": []},
+    ]}
+    report = run.gpufleet_guard_report(hostvars, ["h1", "h2", "h3"], validated)
+    assert report[0].startswith("sglang_port='x' is not a whole number") and report[0].endswith("(on h1, h2)")
+    assert report[1] == ("value of sglang_launch_method must be one of: systemd, process, got: sytemd (the type the "
+                         "roles' argument specs give it); fix it where it is set (host_vars, group_vars, an AWX "
+                         "survey or -e), or do not set it for the default (on h1, h3)")
+    # nothing was looped over (no variable of that kind set): the report is the guard's own
+    assert run.gpufleet_guard_report(hostvars, ["h3"], {"results": [], "skipped": True}) == []
