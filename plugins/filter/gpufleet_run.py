@@ -34,7 +34,7 @@ from ansible_collections.gpufleet.fleet.plugins.plugin_utils import phases, run
 
 # The guard's decisions live in plugins/plugin_utils/guard.py (the schema in plugin_utils/schema.py); these filters
 # are thin wrappers over them.
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.guard import (  # noqa: E402,F401 - re-exported
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.guard import (  # noqa: F401 re-exported; pylint: disable=unused-import
     gpufleet_batch_size, gpufleet_capacity_error, gpufleet_guard_argument_specs, gpufleet_guard_deprecations,
     gpufleet_guard_errors, gpufleet_guard_notes, gpufleet_guard_report, gpufleet_max_unavailable_error,
     gpufleet_serial_error, gpufleet_serial_notes, gpufleet_serial_value, gpufleet_tp_pp_size, gpufleet_unset,

@@ -28,6 +28,7 @@ default.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -82,7 +83,7 @@ def _serial_item_error(item):
     if isinstance(item, int):
         return "" if item >= 1 else "%d is below 1" % item
     if isinstance(item, float):
-        if item != item or item in (float("inf"), float("-inf")):
+        if math.isnan(item) or item in (float("inf"), float("-inf")):
             return "%r is not a whole number" % (item,)
         return "%r is not a whole number (write %d or a percentage like \"25%%\")" % (item, int(item))
     if isinstance(item, str):
@@ -271,7 +272,7 @@ def _positive_error(name, value, whole, low, hint):
     except ValueError:
         return "%s=%s is not a number; %s" % (name, _show(value), hint)
     high, zero_ok = _high(name), _zero_ok(name)
-    if number != number or number in (float("inf"), float("-inf")) or number < low or (
+    if math.isnan(number) or number in (float("inf"), float("-inf")) or number < low or (
             low == 0 and number <= 0 and not zero_ok) or (high is not None and number > high):
         return "%s=%s is out of range (%s%s); %s" % (
             name, _show(value), "0" if zero_ok else "more than 0",
@@ -347,9 +348,9 @@ def _min_workers_error(values):
         return ""
     if bound is None or number <= bound:
         return ""
-    return ("sglang_verify_min_workers=%s is more than the %d GPU worker processes the server starts (tp-size × "
+    return ("sglang_verify_min_workers=%s is more than the %s GPU worker processes the server starts (tp-size × "
             "pp-size × dp-size of sglang_launch_args), so the verification of a healthy server would fail; give "
-            "%d or less, or do not set it for tp-size × pp-size" % (_show(wanted), bound, bound))
+            "%s or less, or do not set it for tp-size × pp-size" % (_show(wanted), bound, bound))
 
 
 def gpufleet_guard_errors(values, host=None):

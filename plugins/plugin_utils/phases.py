@@ -36,7 +36,7 @@ _PLAYBOOK_FILE_PHASE = {"restart_lock_take": "lock", "restart_lock_release": Non
 def _file_stem(task_path):
     """``(directory, stem)`` of a task's file from Ansible's ``task_path`` (``/x/roles/r/tasks/main.yml:12``)."""
     path = str(task_path or "").rsplit(":", 1)[0] if ":" in str(task_path or "") else str(task_path or "")
-    directory, _, name = path.rpartition("/")
+    directory, dummy, name = path.rpartition("/")
     return directory, name[:-4] if name.endswith(".yml") else name[:-5] if name.endswith(".yaml") else name
 
 

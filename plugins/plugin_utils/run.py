@@ -384,11 +384,11 @@ def preflight_rows(hostvars, targets, play_hosts_all, play_hosts):
         return {}
     names = list(refused) + lost
     rows = summary_rows([h for h in targets if h not in names], "not_started",
-                         cause="preflight stopped the run before any host was touched (%s)" % ", ".join(names),
-                         advice="nothing was changed on this host")
+                        cause="preflight stopped the run before any host was touched (%s)" % ", ".join(names),
+                        advice="nothing was changed on this host")
     rows.update(summary_rows(lost, "unreachable", phase="preflight",
-                              cause="could not be reached during preflight",
-                              advice=unreachable_advice("preflight")))
+                             cause="could not be reached during preflight",
+                             advice=unreachable_advice("preflight")))
     for host, message in refused.items():
         # sglang_preflight_server_ran: whether preflight's check-mode stop found a server (null: unknown).
         ran = hostvars[host].get("sglang_preflight_server_ran")
@@ -409,4 +409,4 @@ def not_started_rows(hostvars, play_hosts_all, batch, stopped_at, result):
     ``result``: its result."""
     later = [h for h in play_hosts_all or [] if h not in (batch or []) and not hostvars[h].get("gpufleet_summary_row")]
     return summary_rows(later, "not_started", cause="the rolling restart stopped at %s (%s)" % (stopped_at, result),
-                         advice="nothing was changed on this host: rerun once %s is fixed" % stopped_at)
+                        advice="nothing was changed on this host: rerun once %s is fixed" % stopped_at)

@@ -134,7 +134,7 @@ def test_every_default_has_one_home_and_its_spec_documents_that_value():
 # (None, '', omit) are not a second home. Owned elsewhere until merged: rollback.yml (the rollback helper switches
 # its GPU-wait lines to gpufleet_gpu_wait) and restart.yml's lease arithmetic (the core helper's lock plan).
 _FALLBACK = re.compile(r"\b([a-z][a-z0-9_]*) \| default\(([^(),]+)(?:, *true)?\)")
-_PENDING = {"roles/sglang_launch/tasks/rollback.yml", "playbooks/restart.yml"}
+_PENDING = set()
 
 
 def test_no_role_or_playbook_falls_back_to_another_value_than_the_variables_home():
@@ -169,7 +169,7 @@ def test_the_shared_values_have_one_home():
     assert "gpu_memory_wait_poll_interval_ms" in str(homes["gpufleet_gpu_wait"][1]["poll_interval_ms"])
     stop_vars = yaml.safe_load((ROOT / "roles" / "sglang_stop" / "vars" / "main.yml").read_text())
     assert stop_vars["_sglang_stop_gpu_wait"] == "{{ gpufleet_gpu_wait }}"
-    # one line each: the home itself, and what the other helpers' files still say until merged (_PENDING)
+    # one line each: the home itself
     for path in sorted(list((ROOT / "roles").rglob("*.yml")) + list((ROOT / "playbooks").rglob("*.yml"))):
         rel = str(path.relative_to(ROOT))
         if rel in _PENDING or rel.startswith("roles/gpufleet_common/"):
