@@ -440,7 +440,6 @@ model_dirs:
   elements: dict
 """
 
-import errno
 import fnmatch
 import gc
 import os
@@ -454,6 +453,11 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs impo
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv, redact_module
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_launch_record
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_managed_server
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_managed_server import (  # noqa: F401
+    pid_running,
+    read_pid_file,
+)
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_trust
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
     foreign_memory,
@@ -794,22 +798,6 @@ def model_dir_check(flag, path, markers_by_flag):
     return {"flag": flag, "path": path, "is_dir": is_dir, "markers": markers, "found": found}
 
 
-def read_pid_file(path):
-    """Pid (int) written in ``path``, or None if the file is missing or holds no number."""
-    try:
-        with open(path) as handle:
-            text = handle.read().strip()
-    except (IOError, OSError) as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return None
-        raise
-    try:
-        pid = int(text.split()[0]) if text else None
-    except ValueError:
-        return None
-    return pid if pid and pid > 0 else None
-
-
 def _conflicts(bound, wanted):
     """Whether a listener bound to ``bound`` blocks binding ``wanted`` on the same port (no SO_REUSEPORT)."""
     bound, wanted = bound or "", wanted or ""
@@ -853,31 +841,6 @@ def port_info(port, host, managed_pid):
     conflicting = [item for item in listeners if item["conflicts"]]
     return {"port": port, "free": not conflicting, "listeners": listeners,
             "held_by_managed": bool(conflicting) and all(item["managed"] for item in conflicting)}
-
-
-def systemd_main_pid(module, unit):
-    systemctl = module.get_bin_path("systemctl", required=True)
-    argv = [systemctl, "show", "--property", "MainPID", "--value", unit]
-    rc, stdout, stderr = module.run_command(argv, environ_update={"LC_ALL": "C"})
-    if rc != 0:
-        module.fail_json(msg="could not read MainPID of %s" % unit, rc=rc, stdout=stdout, stderr=stderr)
-    try:
-        pid = int(stdout.strip() or 0)
-    except ValueError:
-        module.fail_json(msg="unexpected MainPID of %s: %r" % (unit, stdout), rc=rc, stdout=stdout, stderr=stderr)
-    return pid or None
-
-
-def pid_running(pid):
-    if pid is None:
-        return False
-    if HAS_PSUTIL:
-        return psutil.pid_exists(pid)
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True
 
 
 def _trusted_uids():
@@ -968,15 +931,14 @@ def main():
     p = module.params
     if p["port"] is not None and not 0 < p["port"] < 65536:
         module.fail_json(msg="port must be between 1 and 65535, got %d" % p["port"])
-    managed_pid = None
     try:
-        if p["pid_file"]:
-            managed_pid = read_pid_file(p["pid_file"])
-    except (IOError, OSError) as exc:
-        module.fail_json(msg="cannot read pid file %s: %s" % (p["pid_file"], exc))
-    if p["systemd_unit"]:
-        managed_pid = systemd_main_pid(module, p["systemd_unit"])
-    running = pid_running(managed_pid)
+        server = gpufleet_managed_server.find_managed_server(
+            p["pid_file"], p["systemd_unit"], run_command=lambda argv: module.run_command(
+                argv, environ_update={"LC_ALL": "C"}),
+            systemctl=module.get_bin_path("systemctl", required=True) if p["systemd_unit"] else None)
+    except gpufleet_managed_server.ServerFindError as exc:
+        module.fail_json(msg=exc.msg, **exc.kwargs)
+    managed_pid, running = server["managed_pid"], server["managed_running"]
     # systemctl stop ends the unit's whole cgroup (KillMode=control-group); the stop module's check mode only
     # lists what it would signal itself after that.
     unit_pids = unit_members(managed_pid) if (p["systemd_unit"] and running) else set()
