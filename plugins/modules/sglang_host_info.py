@@ -459,6 +459,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_managed_se
     read_pid_file,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_trust
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_trust import root_code_check
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
     foreign_memory,
     tp_balance_problem,
@@ -862,19 +863,6 @@ def ownership_check(variable, path, uids=None):
             % (variable, path, "; ".join(gpufleet_trust.describe(p) for p in problems), _users_text(uids),
                gpufleet_trust.owner_name(min(uids)), variable))
     return {"variable": variable, "path": path, "problems": problems, "text": text}
-
-
-def root_code_check(variable, python):
-    """An RV(root_code) entry for interpreter ``python`` (None when root may run it)."""
-    problems = gpufleet_trust.interpreter_problems(python)
-    if not problems:
-        return None
-    text = ("%s %s runs as root, but %s: a .pth file or module another user puts there would run as root. Make "
-            "that virtualenv root's (chown -R root: on it, writable by root only), or run gpufleet without become "
-            "for it (sglang_nccl_patch_become=false, sglang_launch_method=process) with a virtualenv the login user "
-            "owns" % (variable, python, "; ".join(gpufleet_trust.describe(p) for p in problems[:5])
-                      + ("; and %d more" % (len(problems) - 5) if len(problems) > 5 else "")))
-    return {"variable": variable, "interpreter": python, "problems": problems, "text": text}
 
 
 def read_launch_record(path, unit_dir):
