@@ -12,6 +12,7 @@ from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import (  # n
     gpu_reasons,
     gpufleet_check_failing,
     gpufleet_check_fleet,
+    gpufleet_check_line,
     gpufleet_check_prom,
     gpufleet_check_report,
     gpufleet_check_root_code,
@@ -47,4 +48,5 @@ class FilterModule(object):
             "gpufleet_check_table": gpufleet_check_table,
             "gpufleet_check_prom": gpufleet_check_prom,
             "gpufleet_check_reads": gpufleet_check_reads,
+            "gpufleet_check_line": gpufleet_check_line,
         }

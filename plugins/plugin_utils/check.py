@@ -466,10 +466,13 @@ def merge_reads(reads):
     """One gathered dict (the keys of :func:`sglang_reasons`) from sglang_fleet_check_info results: one result or
     a list (the login call's, then the become call's; a skipped one is left out). ``root_code`` keeps the trust
     check's findings; ``read_failed`` the message of a call that returned no part (a task timeout, a module
-    error)."""
+    error); ``unreachable`` the message of a call the connection failed for."""
     merged = {}
     for read in (reads if isinstance(reads, (list, tuple)) else [reads]):
         if not _ran(read):
+            continue
+        if read.get("unreachable"):
+            merged["unreachable"] = str(read.get("msg") or "")
             continue
         if read.get("root_code"):
             merged["root_code"] = read["root_code"]
@@ -486,12 +489,15 @@ def gpufleet_check_verdict(gathered, config=None):
 
     ``gathered``: the sglang_fleet_check_info result (or a list of them, see :func:`merge_reads`), or a dict
     {"gpu": nvidia_gpu_info result, "health", "server_info", "host", "args", "patch_present", "workers",
-    "started"} (see :func:`sglang_reasons`). A host where root would run code another user can change is CRIT
-    root_code_untrusted (nothing else was read); a call that read nothing is CRIT check_read_failed.
+    "started"} (see :func:`sglang_reasons`). A host a call could not reach is CRIT unreachable; one where root
+    would run code another user can change is CRIT root_code_untrusted (nothing else was read); a call that read
+    nothing is CRIT check_read_failed.
     """
     if isinstance(gathered, (list, tuple)) or "gathered" in (gathered or {}):
         gathered = merge_reads(gathered)
     gathered = gathered or {}
+    if "unreachable" in gathered:
+        return gpufleet_check_unreachable(gathered["unreachable"], _config(config).get("expected_gpus"))
     if gathered.get("root_code"):
         return gpufleet_check_root_code([e.get("text") for e in gathered["root_code"] if isinstance(e, dict)],
                                         _config(config).get("expected_gpus"))
@@ -524,6 +530,19 @@ def gpufleet_check_verdict(gathered, config=None):
         "sglang": summary,
         "driver_version": (gpu_result or {}).get("driver_version") if _ran(gpu_result) else None,
     }
+
+
+def gpufleet_check_line(result):
+    """The line check.yml says for one host: "VERDICT, GPUs ok/total: SEVERITY code text | ..."; a host judged
+    root_code_untrusted (nothing else read) "CRIT: <why>"."""
+    r = result or {}
+    reasons = r.get("reasons") or []
+    if len(reasons) == 1 and reasons[0].get("code") == "root_code_untrusted":
+        return "%s: %s" % (r.get("verdict"), reasons[0].get("text"))
+    line = "%s, GPUs %s/%s" % (r.get("verdict"), r.get("gpus_ok"), r.get("gpus_total"))
+    if reasons:
+        line += ": " + " | ".join("%s %s %s" % (x.get("severity"), x.get("code"), x.get("text")) for x in reasons)
+    return line
 
 
 def gpufleet_check_unreachable(message, expected_gpus=None):

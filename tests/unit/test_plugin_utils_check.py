@@ -438,6 +438,10 @@ def test_a_read_that_returned_nothing_is_crit_not_ok():
     part_failed = {"changed": False, "gathered": ["gpu"], "gpu": {"failed": True, "msg": "no GPU found",
                                                                   "error_class": "no_devices"}}
     assert [x["code"] for x in chk.gpufleet_check_verdict([part_failed])["reasons"]] == ["no_devices"]
+    # The connection lost before the call with become: CRIT unreachable, as when the first call cannot reach it.
+    lost = {"unreachable": True, "msg": "Failed to connect to the host via ssh: timed out", "changed": False}
+    r = chk.gpufleet_check_verdict([dict(part_failed, gathered=["server"]), lost], {"expected_gpus": 8})
+    assert r == chk.gpufleet_check_unreachable(lost["msg"], 8) and r["reasons"][0]["code"] == "unreachable"
 
 
 def test_root_code_in_the_read_is_the_root_code_verdict():
@@ -446,3 +450,13 @@ def test_root_code_in_the_read_is_the_root_code_verdict():
     r = chk.gpufleet_check_verdict([read, {"skipped": True}], {"expected_gpus": 8})
     assert r == chk.gpufleet_check_root_code([read["root_code"][0]["text"]], 8)
     assert r["verdict"] == "CRIT" and r["reasons"][0]["code"] == "root_code_untrusted"
+
+
+def test_the_line_said_per_host():
+    g = healthy()
+    g["gpu"]["gpus"][1]["clocks_event_reasons"] = ["hw_slowdown"]
+    assert chk.gpufleet_check_line(verdict(g)) == "WARN, GPUs 7/8: WARN throttle clocks slowed: hw_slowdown"
+    assert chk.gpufleet_check_line(verdict(healthy())) == "OK, GPUs 8/8"
+    root = chk.gpufleet_check_root_code(["ansible_python_interpreter /v/bin/python runs as root, but ..."], 8)
+    assert chk.gpufleet_check_line(root) == ("CRIT: not checked with become: ansible_python_interpreter /v/bin/python "
+                                             "runs as root, but ...")
