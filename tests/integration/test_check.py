@@ -258,10 +258,12 @@ def test_nccl_drift_memory_held_and_unreachable(lab, served, tmp_path):
         lab.fault(c, memory_never_released=True)
         lab.exec(c, ["kill", "-KILL", str(server_pid(lab, c))])
         time.sleep(1)
-    # An inventory host that does not answer ssh.
+    # An inventory host that does not answer ssh. Its lab_host_dir: LAB_VARS name it, and the one read templates its
+    # arguments before it connects (there is no separate ping first any more).
     extra = tmp_path / "extra.yml"
     extra.write_text("all:\n  children:\n    gpu_hosts:\n      hosts:\n        gpu-gone:\n"
-                     "          ansible_host: 10.255.255.1\n          ansible_ssh_common_args: -o ConnectTimeout=3\n")
+                     "          ansible_host: 10.255.255.1\n          ansible_ssh_common_args: -o ConnectTimeout=3\n"
+                     "          lab_host_dir: /nonexistent/gpu-gone\n")
     try:
         runner = run_check(lab, {"gpufleet_check_fail_on": "never"}, cmdline="-i %s" % extra)
     finally:
