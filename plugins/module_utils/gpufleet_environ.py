@@ -10,6 +10,7 @@ Needs ``psutil`` for the process tree (:func:`candidate_pids`); the rest is plai
 from __future__ import annotations
 
 import os
+import re
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import cmdline_text
 
@@ -134,3 +135,41 @@ def worker_report(workers):
     one worker and every one matching."""
     return {"workers": workers, "worker_count": len(workers),
             "all_match": bool(workers) and all(w["match"] for w in workers)}
+
+
+class WorkerEnvError(Exception):
+    """The workers cannot be read; ``kwargs`` are the fail_json arguments besides ``msg``."""
+
+    def __init__(self, msg, **kwargs):
+        super(WorkerEnvError, self).__init__(msg)
+        self.msg = msg
+        self.kwargs = kwargs
+
+
+def read_workers(pid=None, pid_file=None, title_pattern=DEFAULT_TITLE_PATTERN, expected=None, names=()):
+    """sglang_worker_env_info's result (without ``changed``): ``server_pid`` and :func:`worker_report` of the
+    workers of server ``pid`` (or the pid in ``pid_file``; neither: every process titled like a worker). Raises
+    :class:`WorkerEnvError` (a bad title_pattern, an unreadable pid file, a server that is not running)."""
+    if psutil is None:
+        raise WorkerEnvError("psutil is required (pip install psutil)")
+    try:
+        title_re = re.compile(title_pattern)
+    except re.error as exc:
+        raise WorkerEnvError("invalid title_pattern: %s" % exc)
+    server_pid = pid
+    if server_pid is None and pid_file:
+        try:
+            with open(pid_file) as handle:
+                text = handle.read().strip()
+        except OSError as exc:
+            raise WorkerEnvError("cannot read pid file %s: %s (is the server running?)" % (pid_file, exc))
+        if not text.isdigit():
+            raise WorkerEnvError("pid file %s does not hold a pid: %r" % (pid_file, text[:80]))
+        server_pid = int(text)
+    if server_pid is not None and not psutil.pid_exists(server_pid):
+        raise WorkerEnvError("server pid %d is not running" % server_pid, server_pid=server_pid, workers=[],
+                             worker_count=0, all_match=False)
+    workers = inspect_workers(candidate_pids(server_pid), title_re, expected or {}, names)
+    out = {"server_pid": server_pid}
+    out.update(worker_report(workers))
+    return out

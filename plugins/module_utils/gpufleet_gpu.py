@@ -1109,15 +1109,21 @@ def run_on_backend(module, work, timeout_s=None, expected_count=None, on_fail=No
         module.fail_json(msg=missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR),
                          error_class="missing_library")
     except GpuError as exc:
-        kw = exc.fail_kwargs()
-        if on_fail is not None:
-            extra = dict(on_fail(exc) or {})
-            more = extra.pop("msg", None)
-            if more:
-                kw["msg"] = "%s\n%s" % (kw["msg"], more)
-            for key, value in extra.items():
-                kw.setdefault(key, value)
-        module.fail_json(**kw)
+        module.fail_json(**failure_kwargs(exc, on_fail))
+
+
+def failure_kwargs(exc, on_fail=None):
+    """The fail_json keyword arguments of a :class:`GpuError` (``msg``, ``error_class``, rc/stdout/stderr), with
+    what ``on_fail(exc)`` adds (its ``msg`` appended to the message, its other keys where not set)."""
+    kw = exc.fail_kwargs()
+    if on_fail is not None:
+        extra = dict(on_fail(exc) or {})
+        more = extra.pop("msg", None)
+        if more:
+            kw["msg"] = "%s\n%s" % (kw["msg"], more)
+        for key, value in extra.items():
+            kw.setdefault(key, value)
+    return kw
 
 
 # --------------------------------------------------------------------------------------------------------

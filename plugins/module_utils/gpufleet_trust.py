@@ -241,3 +241,16 @@ def describe(problem):
     if problem.get("owner") is None:
         return "%s %s" % (problem["path"], problem["reason"])
     return "%s (owner %s, mode %s) %s" % (problem["path"], problem["owner"], problem["mode"], problem["reason"])
+
+
+def root_code_check(variable, python):
+    """An RV(root_code) entry for interpreter ``python`` (None when root may run it)."""
+    problems = interpreter_problems(python)
+    if not problems:
+        return None
+    text = ("%s %s runs as root, but %s: a .pth file or module another user puts there would run as root. Make "
+            "that virtualenv root's (chown -R root: on it, writable by root only), or run gpufleet without become "
+            "for it (sglang_nccl_patch_become=false, sglang_launch_method=process) with a virtualenv the login user "
+            "owns" % (variable, python, "; ".join(describe(p) for p in problems[:5])
+                      + ("; and %d more" % (len(problems) - 5) if len(problems) > 5 else "")))
+    return {"variable": variable, "interpreter": python, "problems": problems, "text": text}

@@ -541,138 +541,28 @@ error_class:
 """
 
 import gc
-import os
 
 from ansible.module_utils.basic import AnsibleModule, env_fallback, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import (
     BACKEND_CHOICES,
-    GPU_FIELDS,
-    SMI_GPU_QUERY,
+    MissingLibraryError,
+    PYNVML_IMPORT_ERROR,
     GpuError,
-    gpu_processes,
-    resolve_selectors,
-    run_on_backend,
+    failure_kwargs,
 )
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_kmsg import DEFAULT_KMSG_PATH, xid_report
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_info import (  # noqa: F401 (re-exported)
+    LIST_FIELDS,
+    SMI_NAMES,
+    attach_xid,
+    gather,
+    only_fields,
+    read_gpu_info,
+    resolve_fields,
+    xid_on_fail,
+    xid_text,
+)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
-
-# Failures after which the kernel log is worth reading into the message.
-_XID_ON_FAIL = {"driver_not_loaded", "driver_mismatch", "no_devices", "fewer_gpus", "gpu_lost",
-                "device_handle_error", "timeout", "backend_error"}
-
-
-def attach_xid(report, inventory):
-    """Add ``gpu_index`` to each Xid event of ``report`` (by PCI bus id); returns ``report``."""
-    by_bus = {(g.get("pci_bus_id") or "").upper(): g["index"] for g in inventory}
-    for event in report.get("xid_events") or ():
-        event["gpu_index"] = by_bus.get(event["pci_bus_id"].upper())
-    return report
-
-
-def xid_text(report):
-    """One line about the Xid events of ``report`` for a failure message."""
-    if report["xid_events"] is None:
-        return "Xid events: %s" % (report.get("xid_reason") or report["xid_status"])
-    if not report["xid_events"]:
-        return "Xid events: none in the kernel log (%s)." % report["xid_source"]
-    return "Xid events (%s): %s" % (report["xid_source"], "; ".join(
-        "%s %s" % (e["time"], e["text"]) for e in report["xid_events"][-5:]))
-
-
-# The lists a GPU entry can carry besides GPU_FIELDS, and the nvidia-smi --query-gpu name of each field.
-LIST_FIELDS = ("nvlinks", "processes")
-SMI_NAMES = {smi: key for smi, key, dummy in SMI_GPU_QUERY if key in GPU_FIELDS}
-
-
-def resolve_fields(names):
-    """The GPU entry keys ``names`` (list of str: keys, nvidia-smi --query-gpu names, ``nvlinks``,
-    ``processes``) ask for, ``index`` first, without repeats; ``None`` for an empty list (every field).
-
-    Raises ValueError naming the unknown names and the names there are.
-    """
-    if not names:
-        return None
-    keys, unknown = ["index"], []
-    for name in names:
-        key = SMI_NAMES.get(name, name)
-        if key not in GPU_FIELDS and key not in LIST_FIELDS or key == "unsupported":
-            unknown.append(name)
-        elif key not in keys:
-            keys.append(key)
-    if unknown:
-        raise ValueError("fields: %s not a GPU field. Fields are the keys of gpus (%s, %s) or their nvidia-smi "
-                         "--query-gpu names (%s)" % (", ".join(repr(n) for n in unknown),
-                                                     ", ".join(k for k in GPU_FIELDS if k != "unsupported"),
-                                                     ", ".join(LIST_FIELDS), ", ".join(SMI_NAMES)))
-    return keys
-
-
-def only_fields(gpus, keys):
-    """``gpus`` cut to ``keys`` (from :func:`resolve_fields`; None keeps everything); ``unsupported`` keeps the
-    raw answers of those keys only, and is left out when none of them is unsupported."""
-    if keys is None:
-        return gpus
-    out = []
-    for gpu in gpus:
-        cut = {k: gpu[k] for k in keys if k in gpu}
-        unsupported = {k: v for k, v in (gpu.get("unsupported") or {}).items()
-                       if k in keys or ("processes" in keys and k.startswith("compute_apps"))}
-        if unsupported:
-            cut["unsupported"] = unsupported
-        out.append(cut)
-    return out
-
-
-def gather(backend, selectors, processes=True, fallback_reason=None, exclude_pids=None, nvlink=True,
-           xid=None, fields=None):
-    """Build the module's result from an open backend (plain function, no Ansible needed).
-
-    ``xid`` is an :func:`xid_report` dict (None: not read); its keys are merged into the result. ``fields``
-    (keys from :func:`resolve_fields`, None for all) cuts each GPU entry; NVLink and processes are then read
-    only when asked for there.
-    """
-    if fields is not None:
-        nvlink, processes = "nvlinks" in fields, "processes" in fields
-    inventory = backend.inventory()
-    indices = resolve_selectors(selectors, inventory)
-    system = backend.system()
-    gpus = backend.details(indices)
-    if nvlink:
-        try:
-            links = backend.nvlinks(indices)
-        except GpuError as exc:
-            if exc.error_class not in ("backend_error",):
-                raise
-            links = None
-            for gpu in gpus:
-                gpu["unsupported"]["nvlinks"] = exc.msg.splitlines()[0]
-        for gpu in gpus:
-            gpu["nvlinks"] = None if links is None else links.get(gpu["index"], [])
-    holders = None  # not read: not the same as "no process holds a GPU" ([])
-    if processes:
-        per_gpu, holders = gpu_processes(backend, indices, exclude_pids=exclude_pids)
-        unreadable = getattr(backend, "apps_unreadable", None) or {}
-        for gpu in gpus:
-            gpu["processes"] = per_gpu.get(gpu["index"], [])
-            # The compute-apps list (or a pid / used_memory in it) the backend could not read, raw text as read.
-            gpu.setdefault("unsupported", {}).update(unreadable.get(gpu["index"], {}))
-        # The GPUs asked for: a holder of another GPU only is not one of theirs.
-        chosen = set(indices)
-        holders = [h for h in holders if not h.get("gpu_indices") or chosen & set(h["gpu_indices"])]
-    result = {
-        "changed": False,
-        "backend": backend.name,
-        "backend_fallback_reason": fallback_reason,
-        "driver_version": system.get("driver_version"),
-        "cuda_version": system.get("cuda_version"),
-        "gpu_count": len(inventory),
-        "gpus": only_fields(gpus, fields),
-        "device_holders": holders,
-    }
-    if xid is not None:
-        result.update(attach_xid(xid, inventory))
-    return result
 
 
 def main():
@@ -702,23 +592,15 @@ def main():
     for key in ("timeout_s", "xid_window_min", "expected_count"):
         if params[key] is not None and params[key] < 0:
             module.fail_json(msg="%s must be 0 or more (got %s)" % (key, params[key]), error_class="bad_option")
-    kmsg = params["kmsg_path"] or DEFAULT_KMSG_PATH
-
-    def read_xid():
-        return xid_report(params["xid_window_min"], kmsg_path=kmsg)
-
-    def on_fail(exc):
-        if exc.error_class not in _XID_ON_FAIL or not params["xid_window_min"]:
-            return {}
-        report = read_xid()
-        out = dict(report)
-        out["msg"] = xid_text(report)
-        return out
-
-    result = run_on_backend(module, lambda backend, reason: gather(
-        backend, params["gpus"], params["processes"], reason, exclude_pids={os.getpid()},
-        nvlink=params["nvlink"], xid=read_xid(), fields=fields), timeout_s=params["timeout_s"],
-        expected_count=params["expected_count"], on_fail=on_fail, smi_prefetch_details=True)
+    try:
+        result = read_gpu_info(params["backend"], module.get_bin_path("nvidia-smi"), params["gpus"],
+                               params["processes"], params["nvlink"], params["xid_window_min"], params["kmsg_path"],
+                               fields, params["timeout_s"], params["expected_count"])
+    except MissingLibraryError as exc:
+        module.fail_json(msg=missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR),
+                         error_class="missing_library")
+    except GpuError as exc:
+        module.fail_json(**failure_kwargs(exc, xid_on_fail(params["xid_window_min"], params["kmsg_path"])))
     module.exit_json(**result)
 
 

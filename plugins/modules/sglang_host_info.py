@@ -493,7 +493,6 @@ model_dirs:
   elements: dict
 """
 
-import errno
 import fnmatch
 import gc
 import os
@@ -507,7 +506,13 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs impo
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv, redact_module
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_launch_record
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_managed_server
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_managed_server import (  # noqa: F401
+    pid_running,
+    read_pid_file,
+)
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_trust
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_trust import root_code_check
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
     foreign_memory,
     tp_balance_problem,
@@ -847,22 +852,6 @@ def model_dir_check(flag, path, markers_by_flag):
     return {"flag": flag, "path": path, "is_dir": is_dir, "markers": markers, "found": found}
 
 
-def read_pid_file(path):
-    """Pid (int) written in ``path``, or None if the file is missing or holds no number."""
-    try:
-        with open(path) as handle:
-            text = handle.read().strip()
-    except (IOError, OSError) as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return None
-        raise
-    try:
-        pid = int(text.split()[0]) if text else None
-    except ValueError:
-        return None
-    return pid if pid and pid > 0 else None
-
-
 def _conflicts(bound, wanted):
     """Whether a listener bound to ``bound`` blocks binding ``wanted`` on the same port (no SO_REUSEPORT)."""
     bound, wanted = bound or "", wanted or ""
@@ -908,31 +897,6 @@ def port_info(port, host, managed_pid):
             "held_by_managed": bool(conflicting) and all(item["managed"] for item in conflicting)}
 
 
-def systemd_main_pid(module, unit):
-    systemctl = module.get_bin_path("systemctl", required=True)
-    argv = [systemctl, "show", "--property", "MainPID", "--value", unit]
-    rc, stdout, stderr = module.run_command(argv, environ_update={"LC_ALL": "C"})
-    if rc != 0:
-        module.fail_json(msg="could not read MainPID of %s" % unit, rc=rc, stdout=stdout, stderr=stderr)
-    try:
-        pid = int(stdout.strip() or 0)
-    except ValueError:
-        module.fail_json(msg="unexpected MainPID of %s: %r" % (unit, stdout), rc=rc, stdout=stdout, stderr=stderr)
-    return pid or None
-
-
-def pid_running(pid):
-    if pid is None:
-        return False
-    if HAS_PSUTIL:
-        return psutil.pid_exists(pid)
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True
-
-
 def _trusted_uids():
     return frozenset([0, os.geteuid()])
 
@@ -952,19 +916,6 @@ def ownership_check(variable, path, uids=None):
             % (variable, path, "; ".join(gpufleet_trust.describe(p) for p in problems), _users_text(uids),
                gpufleet_trust.owner_name(min(uids)), variable))
     return {"variable": variable, "path": path, "problems": problems, "text": text}
-
-
-def root_code_check(variable, python):
-    """An RV(root_code) entry for interpreter ``python`` (None when root may run it)."""
-    problems = gpufleet_trust.interpreter_problems(python)
-    if not problems:
-        return None
-    text = ("%s %s runs as root, but %s: a .pth file or module another user puts there would run as root. Make "
-            "that virtualenv root's (chown -R root: on it, writable by root only), or run gpufleet without become "
-            "for it (sglang_nccl_patch_become=false, sglang_launch_method=process) with a virtualenv the login user "
-            "owns" % (variable, python, "; ".join(gpufleet_trust.describe(p) for p in problems[:5])
-                      + ("; and %d more" % (len(problems) - 5) if len(problems) > 5 else "")))
-    return {"variable": variable, "interpreter": python, "problems": problems, "text": text}
 
 
 def read_launch_record(path, unit_dir):
@@ -1021,15 +972,14 @@ def main():
     p = module.params
     if p["port"] is not None and not 0 < p["port"] < 65536:
         module.fail_json(msg="port must be between 1 and 65535, got %d" % p["port"])
-    managed_pid = None
     try:
-        if p["pid_file"]:
-            managed_pid = read_pid_file(p["pid_file"])
-    except (IOError, OSError) as exc:
-        module.fail_json(msg="cannot read pid file %s: %s" % (p["pid_file"], exc))
-    if p["systemd_unit"]:
-        managed_pid = systemd_main_pid(module, p["systemd_unit"])
-    running = pid_running(managed_pid)
+        server = gpufleet_managed_server.find_managed_server(
+            p["pid_file"], p["systemd_unit"], run_command=lambda argv: module.run_command(
+                argv, environ_update={"LC_ALL": "C"}),
+            systemctl=module.get_bin_path("systemctl", required=True) if p["systemd_unit"] else None)
+    except gpufleet_managed_server.ServerFindError as exc:
+        module.fail_json(msg=exc.msg, **exc.kwargs)
+    managed_pid, running = server["managed_pid"], server["managed_running"]
     # systemctl stop ends the unit's whole cgroup (KillMode=control-group); the stop module's check mode only
     # lists what it would signal itself after that.
     unit_pids = unit_members(managed_pid) if (p["systemd_unit"] and running) else set()

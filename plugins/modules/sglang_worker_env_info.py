@@ -122,14 +122,13 @@ server_pid:
 """
 
 import gc
-import re
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (  # noqa: F401 (re-exported) pylint: disable=unused-import
-    CLOBBERED_HINT, worker_env_options, candidate_pids, compare_env, inspect_workers, parse_environ, read_environ,
-    worker_report)
+    CLOBBERED_HINT, WorkerEnvError, worker_env_options, candidate_pids, compare_env, inspect_workers, parse_environ,
+    read_environ, read_workers, worker_report)
 
 try:
     import psutil
@@ -155,24 +154,10 @@ def main():
         module.fail_json(msg=missing_required_lib("psutil"), exception=PSUTIL_IMPORT_ERROR)
     p = module.params
     try:
-        title_re = re.compile(p["title_pattern"])
-    except re.error as exc:
-        module.fail_json(msg="invalid title_pattern: %s" % exc)
-    server_pid = p["pid"]
-    if server_pid is None and p["pid_file"]:
-        try:
-            with open(p["pid_file"]) as handle:
-                text = handle.read().strip()
-        except OSError as exc:
-            module.fail_json(msg="cannot read pid file %s: %s (is the server running?)" % (p["pid_file"], exc))
-        if not text.isdigit():
-            module.fail_json(msg="pid file %s does not hold a pid: %r" % (p["pid_file"], text[:80]))
-        server_pid = int(text)
-    if server_pid is not None and not psutil.pid_exists(server_pid):
-        module.fail_json(msg="server pid %d is not running" % server_pid, server_pid=server_pid,
-                         workers=[], worker_count=0, all_match=False)
-    workers = inspect_workers(candidate_pids(server_pid), title_re, p["expected"], p["names"])
-    module.exit_json(changed=False, server_pid=server_pid, **worker_report(workers))
+        result = read_workers(p["pid"], p["pid_file"], p["title_pattern"], p["expected"], p["names"])
+    except WorkerEnvError as exc:
+        module.fail_json(msg=exc.msg, **exc.kwargs)
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":

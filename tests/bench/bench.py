@@ -89,6 +89,9 @@ KEYS = {
     "check_mitogen_vs_default_ratio_64": ("×", "check_s_64_mitogen / the same command under the default strategy, "
                                           "paired runs", None),
     "checkplay_s_64": ("s", "`ansible-playbook playbooks/check.yml`, 64 hosts (reported, no target)", None),
+    "checkplay_vs_ping_ratio_64": ("×", "`ansible-playbook playbooks/check.yml` (no textfile dir) / `ansible gpu_hosts "
+                                   "-m ansible.builtin.ping`, the same 64 hosts and forks, paired runs, warm ssh",
+                                   "≤ 1.5"),
     "restart_all_at_once_64_vs_1_ratio": ("×", "median per-host downtime, -e gpufleet_serial=64 on 64 hosts, "
                                           "over single-host downtime (one paired run)", None),
     "module_exit_ms": ("ms", "module process end: its sys.exit (result printed) → the parent sees it gone; "
@@ -110,6 +113,7 @@ GROUPS = {
               "check_fields_s_64", "check_fields_vs_raw_ratio_64"],
     "scaling_info": [],
     "checkplay": ["checkplay_s_64"],
+    "checkplay_ratio": ["checkplay_vs_ping_ratio_64"],
     "mitogen": ["check_s_64_mitogen", "check_mitogen_vs_default_ratio_64"],
     "batch8": ["batch8_fast_host_downtime_ratio", "batch8_fast_vs_even_batch_ratio"],
     "restart64": ["restart_all_at_once_64_vs_1_ratio"],
@@ -118,7 +122,8 @@ GROUPS = {
 # Groups that need no lab.
 NO_LAB = {"module_exit"}
 # checkplay last: after restart64 every host serves, as in a real fleet.
-ORDER = ["module_exit", "single", "check", "scaling_info", "mitogen", "batch8", "restart64", "checkplay"]
+ORDER = ["module_exit", "single", "check", "scaling_info", "mitogen", "batch8", "restart64", "checkplay",
+         "checkplay_ratio"]
 # Groups whose ratio needs the single-host downtime of the same session (paired).
 NEEDS_SINGLE = {"batch8", "restart64"}
 
@@ -793,6 +798,44 @@ class Bench:
             e["note"] = "%d of %d hosts serving during the runs" % (serving, len(hosts))
         self.keys["checkplay_s_64"] = e
 
+    def g_checkplay_ratio(self):
+        """check.yml over ``ansible -m ping`` on the same hosts and forks (no textfile dir: the play's only write is
+        left out), paired runs after a warm-up ping; every host serving (warm-up restart.yml when not), so the
+        play reads everything it reads on a real fleet."""
+        hosts = self.lab.hosts[:64]
+        try:
+            self.serving(hosts)
+        except RuntimeError as exc:  # the ratio is still measured; the note says how many served
+            progress("warm-up failed, measuring anyway: %s" % str(exc)[:300])
+        serving = sum(1 for h in hosts if self._health_ok(h))
+        bindir = os.path.dirname(sys.executable)
+        play = [os.path.join(bindir, "ansible-playbook"), "-i", self.lab.inventory, "playbooks/check.yml",
+                "-e", "gpufleet_check_fail_on=never", "-e", "gpufleet_textfile_dir="]
+        ping = [os.path.join(bindir, "ansible"), "-i", self.lab.inventory, "gpu_hosts", "-m", "ansible.builtin.ping",
+                "-o"]
+        self._timed(ping, expect=len(hosts), ok_text="SUCCESS")  # warm the ssh connections
+        pairs = []
+        for i in range(max(1, min(self.opts.runs, 3))):
+            p = self._timed(play)
+            q = self._timed(ping, expect=len(hosts), ok_text="SUCCESS")
+            progress("%d hosts pair %d: check.yml %.1f s%s, -m ping %.1f s%s" % (
+                len(hosts), i + 1, p["wall_s"], "" if p["ok"] else " FAILED", q["wall_s"], "" if q["ok"] else " FAILED"))
+            if p["ok"] and q["ok"]:
+                pairs.append((p["wall_s"], q["wall_s"]))
+        cmd = "%s / %s (forks %s)" % (" ".join(["ansible-playbook -i <lab>"] + play[3:]),
+                                       " ".join(["ansible -i <lab>"] + ping[3:]), self.opts.forks)
+        why = None if pairs else "no pair where both runs succeeded"
+        if pairs and len(hosts) != 64:
+            why = "lab has %d hosts, not 64: ratio %s (check.yml %s s, ping %s s)" % (
+                len(hosts), _fmt(statistics.median([a / b for a, b in pairs])),
+                _fmt(statistics.median([a for a, _ in pairs])), _fmt(statistics.median([b for _, b in pairs])))
+            pairs = []
+        e = stats([a / b for a, b in pairs], "×", cmd, why)
+        if e["value"] is not None:
+            e["note"] = "check.yml median %.2f s, ping median %.2f s; %d of %d hosts serving" % (
+                statistics.median([a for a, _ in pairs]), statistics.median([b for _, b in pairs]), serving, len(hosts))
+        self.keys["checkplay_vs_ping_ratio_64"] = e
+
     def _batch_point(self, n, res):
         d = [v["downtime_s"] for v in res["hosts"].values() if v["downtime_s"] is not None]
         if d:
@@ -867,7 +910,8 @@ class Bench:
             _fmt(self.keys["module_exit_ms"].get("value")), _fmt(self.keys["module_exit_ms_no_freeze"].get("value"))))
 
     def run(self, groups):
-        need_hosts = 64 if {"check", "scaling_info", "checkplay", "restart64", "mitogen"} & set(groups) else 8
+        need_hosts = 64 if {"check", "scaling_info", "checkplay", "checkplay_ratio", "restart64",
+                            "mitogen"} & set(groups) else 8
         if "single" not in groups and NEEDS_SINGLE & set(groups):
             groups = ["single"] + groups
         if set(groups) <= NO_LAB:

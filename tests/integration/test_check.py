@@ -153,10 +153,14 @@ def test_check_mode_writes_nothing_and_tags_narrow(lab, served):
     assert runner.rc == 0, out[-3000:]
     assert not os.path.exists(prom)
     assert check_stats(runner)[host]["verdict"] == "OK"
-    # --tags gpu: nothing of SGLang or NCCL was read.
+    # One read per host (issue 32), and under --tags gpu it read the server and the GPUs, nothing of SGLang or NCCL.
+    reads = [e["res"] for e in lab.events(runner, "runner_on_ok", "sglang_fleet_check_info") if e.get("host") == host]
     actions = {e["task_action"] for e in lab.events(runner, "runner_on_ok") if e.get("host") == host}
-    assert "nvidia_gpu_info" in actions
-    assert not actions & {"sglang_nccl_patch", "sglang_worker_env_info", "ansible.builtin.uri"}
+    assert not actions & {"nvidia_gpu_info", "sglang_host_info", "sglang_nccl_patch", "sglang_worker_env_info",
+                          "ansible.builtin.uri", "ansible.builtin.ping", "ansible.builtin.command"}, actions
+    assert [r["gathered"] for r in reads] == [["server", "gpu"]], reads
+    assert reads[0]["gpu"]["gpu_count"] == 8 and reads[0]["host"]["managed_running"] is True
+    assert not {"health", "server_info", "args", "patch_present", "workers"} & set(reads[0])
 
 
 @pytest.mark.lab_only_once
@@ -254,10 +258,12 @@ def test_nccl_drift_memory_held_and_unreachable(lab, served, tmp_path):
         lab.fault(c, memory_never_released=True)
         lab.exec(c, ["kill", "-KILL", str(server_pid(lab, c))])
         time.sleep(1)
-    # An inventory host that does not answer ssh.
+    # An inventory host that does not answer ssh. Its lab_host_dir: LAB_VARS name it, and the one read templates its
+    # arguments before it connects (there is no separate ping first any more).
     extra = tmp_path / "extra.yml"
     extra.write_text("all:\n  children:\n    gpu_hosts:\n      hosts:\n        gpu-gone:\n"
-                     "          ansible_host: 10.255.255.1\n          ansible_ssh_common_args: -o ConnectTimeout=3\n")
+                     "          ansible_host: 10.255.255.1\n          ansible_ssh_common_args: -o ConnectTimeout=3\n"
+                     "          lab_host_dir: /nonexistent/gpu-gone\n")
     try:
         runner = run_check(lab, {"gpufleet_check_fail_on": "never"}, cmdline="-i %s" % extra)
     finally:
@@ -268,8 +274,8 @@ def test_nccl_drift_memory_held_and_unreachable(lab, served, tmp_path):
     assert ("CRIT", "nccl_block_missing", None) in codes(stats, a)
     # Read-only (issue 30, item 8): the engine.py check finds a file the patch would change on a, yet reports no
     # change, and the recap counts none on any host.
-    assert [e["res"]["files"][0]["changed"] for e in lab.events(runner, "runner_on_ok", "sglang_nccl_patch")
-            if e["host"] == a] == [True]
+    assert [e["res"]["patch_present"]["files"][0]["changed"]
+            for e in lab.events(runner, "runner_on_ok", "sglang_fleet_check_info") if e["host"] == a] == [True]
     assert [e["task"] for e in lab.events(runner, "runner_on_ok") if (e.get("res") or {}).get("changed")] == []
     assert not any(runner.stats.get("changed", {}).values()), runner.stats
     assert "playbooks/patch.yml" in [r for r in stats[a]["reasons"] if r["code"] == "nccl_block_missing"][0]["text"]

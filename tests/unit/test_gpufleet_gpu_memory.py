@@ -7,6 +7,7 @@ import pathlib
 import pytest
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu as G
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_info as GI
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_memory as M
 from fake_pynvml import RecordedSmi, make_fake_nvml
 
@@ -84,7 +85,8 @@ def test_nvml_compute_list_refused_and_used_memory_unknown_are_reported():
 def test_nvidia_gpu_info_carries_the_unreadable_compute_apps_fields_in_unsupported(monkeypatch):
     runner = RecordedSmi(state="loaded", apps_extra=["4242, [N/A], %s, 00000000:00:06.0, python3" % UUID0])
     backend, _ = G.open_backend("nvidia-smi", runner=runner, smi_path="/usr/bin/nvidia-smi", smi_prefetch_details=True)
-    monkeypatch.setattr(NVI, "gpu_processes", lambda b, idx, exclude_pids=None: (
+    # gather lives in module_utils (nvidia_gpu_info re-exports it): its gpu_processes is the one to replace.
+    monkeypatch.setattr(GI, "gpu_processes", lambda b, idx, exclude_pids=None: (
         b.compute_processes(idx) and {}, []))
     result = NVI.gather(backend, [], processes=True, nvlink=False)
     assert result["gpus"][0]["unsupported"]["compute_apps.used_memory"] == "[N/A]"

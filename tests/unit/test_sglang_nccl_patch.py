@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ansible.module_utils import basic
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_nccl_plan as nccl_plan
 from support.set_envs_exec import run_set_envs_and_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -376,7 +377,8 @@ def test_stale_bytecode_of_patched_file_is_removed(tmp_path, capsys):
 def test_source_that_would_not_compile_is_never_written(tmp_path, capsys, monkeypatch):
     path = make_tree(tmp_path)
     before = path.read_bytes()
-    monkeypatch.setattr(patch_module, "render_block", lambda items, indent, eol, taken=(): [indent + "os.environ[\n"])
+    # The plan lives in module_utils (gpufleet_nccl_plan); the module re-exports it.
+    monkeypatch.setattr(nccl_plan, "render_block", lambda items, indent, eol, taken=(): [indent + "os.environ[\n"])
     result = run_main(capsys, {"path": str(path), "env": ENV})
     assert result["failed"] and "does not compile" in result["msg"] and str(path) in result["msg"]
     assert path.read_bytes() == before

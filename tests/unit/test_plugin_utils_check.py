@@ -1,5 +1,6 @@
-"""Unit tests of plugins/filter/gpufleet_check.py: one test per verdict rule, the fleet view, JSON schema,
-the Prometheus textfile (parsed with prometheus_client) and the table."""
+"""Unit tests of plugins/plugin_utils/check.py (the gpufleet_check filters' core): one test per verdict rule, the
+reads check.yml asks for, the fleet view, JSON schema, the Prometheus textfile (parsed with prometheus_client) and
+the table."""
 import copy
 import importlib.util
 import json
@@ -8,9 +9,11 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import check as chk
+
 _spec = importlib.util.spec_from_file_location("gpufleet_check_filters", ROOT / "plugins" / "filter" / "gpufleet_check.py")
-chk = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(chk)
+filters = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(filters)
 SCHEMA = json.loads((ROOT / "docs" / "schemas" / "check.schema.json").read_text())
 
 
@@ -52,7 +55,7 @@ def healthy():
                           "files": [_patched("srt/entrypoints/engine.py")]},
         "workers": {"workers": [{"pid": 200 + i, "title": "sglang::scheduler_TP%d" % i, "match": True,
                                  "missing": [], "mismatched": {}} for i in range(8)], "all_match": True},
-        "started": {"stdout": "1950.000", "rc": 0},
+        "started": {"create_time": 1950.0, "now": 2000.0},
     }
 
 
@@ -292,14 +295,14 @@ def test_a_running_server_that_does_not_answer_yet_is_not_told_to_restart_at_onc
     g["health"] = {"status": -1, "url": "http://10.0.0.1:30000/health_generate", "msg": "Connection refused"}
     g["server_info"] = {"skipped": True}
     g["host"] = {"managed_pid": 404, "managed_running": True}
-    g["started"] = {"stdout": "1796223685.525 1796223745.9", "rc": 0}
+    g["started"] = {"create_time": 1796223685.525, "now": 1796223745.9}
     [reason] = [x for x in verdict(g)["reasons"] if x["code"] == "sglang_not_serving"]
     assert reason["severity"] == "CRIT"
     assert "the server (pid 404) runs since 2026-12-02 15:01:25 UTC (host clock, 60 s ago)" in reason["text"], \
         reason["text"]
     assert "may still be loading" in reason["text"] and "check.yml again" in reason["text"]
     # Up for three weeks and hanging: not a load; the host's own clock says how old it is.
-    g["started"] = {"stdout": "1794409285.5 1796223745.9", "rc": 0}
+    g["started"] = {"create_time": 1794409285.5, "now": 1796223745.9}
     [reason] = [x for x in verdict(g)["reasons"] if x["code"] == "sglang_not_serving"]
     assert "loading" not in reason["text"].replace("loading_window_s", "") and "read its log" in reason["text"]
     assert "has run since 2026-11-11" in reason["text"], reason["text"]
@@ -384,3 +387,76 @@ def test_a_host_where_root_would_run_code_another_user_can_change_is_crit_and_na
     assert reason["code"] == "root_code_untrusted" and "owner sglang" in reason["text"]
     assert chk.gpufleet_check_root_code([])["reasons"][0]["text"].endswith("another user can change")
     assert chk.gpufleet_check_fleet({"h": {"fleet_check_result": r}}, ["h"])["h"]["verdict"] == "CRIT"
+
+
+# ------------------------------------------------------------------------------ check.yml's one read
+
+def test_check_reads_follow_the_tags_and_split_only_for_become():
+    every = ["server", "gpu", "sglang", "nccl_files", "nccl_workers"]
+    assert chk.check_reads(["all"], []) == {"login": every, "become": []}
+    assert chk.check_reads(["tagged"], []) == {"login": every, "become": []}
+    # --tags gpu: the server (the GPU verdict needs it) and the GPUs, nothing of SGLang or NCCL.
+    assert chk.check_reads(["gpu"], []) == {"login": ["server", "gpu"], "become": []}
+    assert chk.check_reads(["sglang", "nccl"], []) == {
+        "login": ["server", "sglang", "nccl_files", "nccl_workers"], "become": []}
+    assert chk.check_reads(["all"], ["nccl"]) == {"login": ["server", "gpu", "sglang"], "become": []}
+    assert chk.check_reads(["all"], ["gpu", "sglang", "nccl"]) == {"login": [], "become": []}
+    assert chk.check_reads(["untagged"], []) == {"login": [], "become": []}
+    # With become, what needs root (kernel log, other users' processes and environs) goes to the second call;
+    # what runs SGLang's python stays with the login user.
+    assert chk.check_reads(["all"], [], become=True) == {
+        "login": ["server", "sglang", "nccl_files"], "become": ["gpu", "nccl_workers"]}
+    assert chk.check_reads(["gpu"], [], become=True) == {"login": ["server"], "become": ["gpu"]}
+    assert filters.FilterModule().filters()["gpufleet_check_reads"](["gpu"], [], True) == {
+        "login": ["server"], "become": ["gpu"]}
+
+
+def test_the_one_read_gives_the_verdict_the_separate_reads_gave():
+    g = healthy()
+    g["gpu"]["gpus"][2]["remapped_rows_pending"] = True
+    g["workers"]["workers"][1]["match"] = False
+    g["workers"]["workers"][1]["missing"] = ["NCCL_ALGO"]
+    separate = verdict(copy.deepcopy(g))
+    one = dict(copy.deepcopy(g), changed=False, gathered=["server", "gpu", "sglang", "nccl_files", "nccl_workers"])
+    assert chk.gpufleet_check_verdict(one) == separate
+    # The login call and the become call (fleet_check_become): the parts merge, a skipped call counts for nothing.
+    login = {k: v for k, v in one.items() if k not in ("gpu", "workers")}
+    become = {"changed": False, "gathered": ["gpu", "nccl_workers"], "gpu": g["gpu"], "workers": g["workers"]}
+    assert chk.gpufleet_check_verdict([login, become]) == separate
+    assert chk.gpufleet_check_verdict([one, {"skipped": True, "changed": False}]) == separate
+    assert {r["code"] for r in separate["reasons"]} == {"remap_pending", "nccl_worker_env"}
+
+
+def test_a_read_that_returned_nothing_is_crit_not_ok():
+    # A task timeout or a module error leaves no part: the host must not pass as OK for want of findings.
+    timed_out = {"failed": True, "msg": "The task exceeded its timeout of 150 seconds.\nmore", "changed": False}
+    r = chk.gpufleet_check_verdict([timed_out, {}])
+    assert r["verdict"] == "CRIT"
+    assert [(x["code"], x["text"]) for x in r["reasons"]] == [
+        ("check_read_failed", "the host could not be read: The task exceeded its timeout of 150 seconds.")]
+    # A read whose parts failed one by one is judged part by part (the module itself did not fail).
+    part_failed = {"changed": False, "gathered": ["gpu"], "gpu": {"failed": True, "msg": "no GPU found",
+                                                                  "error_class": "no_devices"}}
+    assert [x["code"] for x in chk.gpufleet_check_verdict([part_failed])["reasons"]] == ["no_devices"]
+    # The connection lost before the call with become: CRIT unreachable, as when the first call cannot reach it.
+    lost = {"unreachable": True, "msg": "Failed to connect to the host via ssh: timed out", "changed": False}
+    r = chk.gpufleet_check_verdict([dict(part_failed, gathered=["server"]), lost], {"expected_gpus": 8})
+    assert r == chk.gpufleet_check_unreachable(lost["msg"], 8) and r["reasons"][0]["code"] == "unreachable"
+
+
+def test_root_code_in_the_read_is_the_root_code_verdict():
+    read = {"changed": False, "gathered": [], "root_code": [{"text": "ansible_python_interpreter /v/bin/python "
+                                                                     "runs as root, but /v is writable by uid 1000"}]}
+    r = chk.gpufleet_check_verdict([read, {"skipped": True}], {"expected_gpus": 8})
+    assert r == chk.gpufleet_check_root_code([read["root_code"][0]["text"]], 8)
+    assert r["verdict"] == "CRIT" and r["reasons"][0]["code"] == "root_code_untrusted"
+
+
+def test_the_line_said_per_host():
+    g = healthy()
+    g["gpu"]["gpus"][1]["clocks_event_reasons"] = ["hw_slowdown"]
+    assert chk.gpufleet_check_line(verdict(g)) == "WARN, GPUs 7/8: WARN throttle clocks slowed: hw_slowdown"
+    assert chk.gpufleet_check_line(verdict(healthy())) == "OK, GPUs 8/8"
+    root = chk.gpufleet_check_root_code(["ansible_python_interpreter /v/bin/python runs as root, but ..."], 8)
+    assert chk.gpufleet_check_line(root) == ("CRIT: not checked with become: ansible_python_interpreter /v/bin/python "
+                                             "runs as root, but ...")

@@ -1,0 +1,1 @@
+../plugins/modules/sglang_fleet_check_info.py
