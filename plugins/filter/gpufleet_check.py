@@ -5,7 +5,7 @@ makes them Jinja filters. The fleet_check role feeds gpufleet_check_verdict the 
 """
 from __future__ import annotations
 
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import (  # noqa: F401 (re-exported)
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import (  # noqa: F401 (re-exported) pylint: disable=unused-import
     DEFAULT_CONFIG,
     SEVERITY_RANK,
     check_reads,

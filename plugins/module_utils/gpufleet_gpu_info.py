@@ -9,7 +9,6 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import
     SMI_GPU_QUERY,
     GpuError,
     backend_session,
-    failure_kwargs,  # noqa: F401 (re-exported: the fail_json arguments of a GPU read's failure)
     gpu_processes,
     resolve_selectors,
 )
@@ -17,7 +16,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_kmsg i
 
 # Failures after which the kernel log is worth reading into the message.
 XID_ON_FAIL = {"driver_not_loaded", "driver_mismatch", "no_devices", "fewer_gpus", "gpu_lost",
-                "device_handle_error", "timeout", "backend_error"}
+               "device_handle_error", "timeout", "backend_error"}
 
 
 def attach_xid(report, inventory):
@@ -40,7 +39,7 @@ def xid_text(report):
 
 # The lists a GPU entry can carry besides GPU_FIELDS, and the nvidia-smi --query-gpu name of each field.
 LIST_FIELDS = ("nvlinks", "processes")
-SMI_NAMES = {smi: key for smi, key, _ in SMI_GPU_QUERY if key in GPU_FIELDS}
+SMI_NAMES = {smi: key for smi, key, dummy in SMI_GPU_QUERY if key in GPU_FIELDS}
 
 
 def resolve_fields(names):

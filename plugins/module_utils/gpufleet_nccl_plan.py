@@ -84,7 +84,7 @@ def normalise_env(env, unchecked=()):
             problems.append("%s: value contains a lone surrogate that os.environ cannot encode" % name)
             continue
         items.append((name, text))
-    problems.extend(filter(None, (name_problem(name) for name, _ in items)))
+    problems.extend(filter(None, (name_problem(name) for name, dummy in items)))
     value_problems = env_value_problems(items, unchecked)
     problems.extend(value_problems)
     if problems:
@@ -162,9 +162,9 @@ def plan_patch(text, items, state, filename="<source>", hand_edits="refuse"):
 
     if state == "absent" or not items:
         return {"after": pristine, "changed": pristine != text, "line": None, "placement": None, "hand_edits": []}
-    names = [name for name, _ in items]
+    names = [name for name, dummy in items]
     mine, others = judge_hand_edits(find_env_writes(pristine, filename=filename), names)
-    before = set(number for number, _ in taken_before)
+    before = set(number for number, dummy in taken_before)
     new = [w for w in mine if not before.intersection(range(w["line"], w["end_line"] + 1))]
     if new and hand_edits != "take_over":
         shown = [now(w) for w in new]
@@ -247,7 +247,8 @@ def plan_files(found, items, state, release="sglang version unknown", hand_edits
     ``raw`` (bytes now), ``text``, ``plan`` (:func:`plan_patch`), ``data`` (bytes after), ``block``
     (``none``/``same``/``other``: what the file holds now against ``items``), ``block_env``, ``mtime``.
     ``refused``: one dict per file that cannot (``path``, ``relative``, ``error``: what is wrong and what to do;
-    ``hand_edits`` when hand-typed lines were the reason). ``hand_edits``: :func:`plan_patch`'s. Every file is planned even after one is refused, so a caller can still judge the others (check.yml).
+    ``hand_edits`` when hand-typed lines were the reason). ``hand_edits``: :func:`plan_patch`'s. Every file is
+    planned even after one is refused, so a caller can still judge the others (check.yml).
     """
     planned, refused = [], []
     for path in found["paths"]:
@@ -300,8 +301,6 @@ def file_result(entry, written):
             "sha256": hashlib.sha256(entry["data"] if written else entry["raw"]).hexdigest(),
             "backup_file": entry.get("backup_file"), "previous_file": entry.get("previous_file"),
             "previous_sha256": entry.get("previous_sha256")}
-
-
 
 
 def plan_block(python=None, path=None, env=None, unchecked=(), state="present", hand_edits="refuse", run=None):

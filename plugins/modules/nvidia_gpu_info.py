@@ -550,7 +550,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import
     GpuError,
     failure_kwargs,
 )
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_info import (  # noqa: F401 (re-exported)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_info import (  # noqa: F401 (re-exported) pylint: disable=unused-import
     LIST_FIELDS,
     SMI_NAMES,
     attach_xid,

@@ -22,7 +22,7 @@ description:
     still returned. The verdict is made on the controller (the C(gpufleet.fleet.gpufleet_check_verdict) filter).
   - Never changes anything; runs the same in check mode.
 version_added: "0.2.0"
-author: gpufleet
+author: gpufleet maintainers (!UNKNOWN)
 options:
   gather:
     description:
@@ -300,7 +300,8 @@ def read_gpu(module, p):
                       error_class="missing_library")
     except GpuError as exc:
         kw = failure_kwargs(exc, xid_on_fail(p["xid_window_min"], p["kmsg_path"]))
-        return failed(kw.pop("msg"), **kw)
+        kw.update(failed=True)
+        return kw
 
 
 def gather(module, p):

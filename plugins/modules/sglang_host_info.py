@@ -507,7 +507,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact imp
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_launch_record
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_managed_server
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_managed_server import (  # noqa: F401
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_managed_server import (  # noqa: F401 pylint: disable=unused-import
     pid_running,
     read_pid_file,
 )

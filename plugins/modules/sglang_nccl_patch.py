@@ -398,7 +398,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl impor
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_hand_edits import HAND_EDIT_MODES
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import FUNCTION_NAME
 # The plan (what each file holds, what the patch makes of it) is module_utils' (check.yml reads it too).
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_plan import (  # noqa: F401 (re-exported)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_plan import (  # noqa: F401 (re-exported) pylint: disable=unused-import
     BEGIN_HINT,
     BEGIN_MARKER,
     END_MARKER,

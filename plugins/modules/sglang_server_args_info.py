@@ -265,7 +265,7 @@ import gc
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_server_args_info import (  # noqa: F401
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_server_args_info import (  # noqa: F401 pylint: disable=unused-import
     C_ENV,
     ArgsInfoError,
     find_package,

@@ -269,7 +269,7 @@ def _block_difference(entry, wanted):
     have = entry.get("block_env") or {}
     wanted = wanted or {}
     diffs = ["%s is %s, wanted %s" % (name, repr(have[name]) if name in have else "unset",
-                                        repr(wanted[name]) if name in wanted else "unset")
+                                      repr(wanted[name]) if name in wanted else "unset")
              for name in sorted(set(have) | set(wanted)) if have.get(name) != wanted.get(name)]
     return "; ".join(diffs)[:200] or "same values, in another place of the function"
 
@@ -402,12 +402,12 @@ def sglang_reasons(s, config=None):
                                    "restart with playbooks/restart.yml" % (len(bad), len(listed), names[:400])))
     # A patched file newer than the running server: the workers run with the block it had at the start.
     changed_after = []
-    started, _ = _started_epoch(s)
+    started, dummy = _started_epoch(s)
     mtimes = [(f, _num(f.get("mtime"))) for f in files]
     mtimes = [(f, m) for f, m in mtimes if m is not None]
     if mtimes and started is not None:
         summary["server_started_epoch"] = round(started, 1)
-        summary["engine_mtime_epoch"] = round(max(m for _, m in mtimes), 1)
+        summary["engine_mtime_epoch"] = round(max(m for dummy, m in mtimes), 1)
         changed_after = [f for f, m in mtimes if m > started + 1]
         # Both times come from the host's clock. A missing or wrong block already says "patch, then restart".
         if changed_after and summary.get("nccl_block") in (None, "present", "unknown"):
