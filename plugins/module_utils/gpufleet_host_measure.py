@@ -446,6 +446,23 @@ def read_launch_record(path, unit_dir):
     return out
 
 
+def root_code(interpreters, self_too=False):
+    """What makes root's run of each interpreter unsafe (``root_code_check`` entries): ``interpreters`` name ->
+    python, and with ``self_too`` this module's own interpreter first (as ``ansible_python_interpreter``)."""
+    interpreters = sorted(interpreters.items())
+    if self_too:
+        interpreters.insert(0, ("ansible_python_interpreter", sys.executable))
+    seen = set()
+    out = []
+    for name, python in interpreters:
+        if python and python not in seen:
+            seen.add(python)
+            entry = root_code_check(name, python)
+            if entry:
+                out.append(entry)
+    return out
+
+
 class MeasureError(Exception):
     """A measurement that failed: ``msg`` and the module result's other keys (``kwargs``)."""
 
@@ -524,17 +541,7 @@ def measure(p, run_command=None, get_bin_path=None):
             raise MeasureError("not allowed to list TCP sockets (%s); run with become" % exc)
     result["ownership"] = [entry for entry in (ownership_check(name, path)
                                                for name, path in sorted(p["owned_paths"].items())) if entry]
-    interpreters = sorted(p["root_interpreters"].items())
-    if p["root_interpreter_self"]:
-        interpreters.insert(0, ("ansible_python_interpreter", sys.executable))
-    seen = set()
-    result["root_code"] = []
-    for name, python in interpreters:
-        if python and python not in seen:
-            seen.add(python)
-            entry = root_code_check(name, python)
-            if entry:
-                result["root_code"].append(entry)
+    result["root_code"] = root_code(p["root_interpreters"], p["root_interpreter_self"])
     if p["launch_record"]:
         result["launch_record"] = read_launch_record(p["launch_record"], p["launch_unit_dir"])
     if p["lock_dir"]:
