@@ -214,7 +214,7 @@ options:
         default: 1024
       world_size:
         description:
-          - tp-size x pp-size of the server to start (sglang_launch_args). Above 1, RV(gpu_after_stop.tp_balance) says
+          - tp-size x pp-size of the server to start (sglang_launch_args). Above 1, C(host.gpu_after_stop.tp_balance) says
             whether SGLang's TP memory-balance check would refuse to start beside memory the stop leaves.
         type: int
         default: 1
@@ -236,13 +236,13 @@ options:
         default: {}
       lock_dir:
         description:
-          - "The restart lock directory (C(gpufleet_lock)) to read, not take: RV(restart_lock) names who holds it. A
+          - "The restart lock directory (C(gpufleet_lock)) to read, not take: C(host.restart_lock) names who holds it. A
             preflight asks so that a host another run is restarting is refused for that reason, not for the GPU
             memory, port and C(/dev/shm) that run's stop and launch hold at that moment."
         type: path
       lock_lease_s:
         description:
-          - With O(lock_dir), the lease (s) assumed for a lock written by an earlier release without lease fields
+          - With O(measure.lock_dir), the lease (s) assumed for a lock written by an earlier release without lease fields
             (judged by its mtime, as C(gpufleet_lock) judges it with the lease asked for). Locks with a lease carry
             their own.
         type: int
@@ -253,17 +253,17 @@ options:
             file). Each one that exists, and every directory above it, must belong to root or to the user the module
             runs as, and be writable by nobody else (a directory with the sticky bit above it may be): the module
             C(gpufleet_trust) (StrictModes' rule, sticky directories excepted) says why in its docstring. A missing
-            one is fine, unless another user could create it first (RV(ownership))."
+            one is fine, unless another user could create it first (C(host.ownership))."
         type: dict
         default: {}
       launch_record:
         description:
-          - "A launch record (C(sglang_launch_record_file)) to read for a rollback: its ownership as O(owned_paths)
+          - "A launch record (C(sglang_launch_record_file)) to read for a rollback: its ownership as O(measure.owned_paths)
             judges it, then its content against gpufleet's schema (module_utils C(gpufleet_launch_record)); returned
-            only when both pass (RV(launch_record))."
+            only when both pass (C(host.launch_record))."
         type: path
       launch_unit_dir:
-        description: Where the rollback writes the recorded unit (C(sglang_launch_unit_dir)); RV(launch_record.record.unit_path) is always in it.
+        description: Where the rollback writes the recorded unit (C(sglang_launch_unit_dir)); C(host.launch_record.record.unit_path) is always in it.
         type: path
         default: /etc/systemd/system
 extends_documentation_fragment:
@@ -396,6 +396,32 @@ def failed(msg, **kwargs):
     return out
 
 
+class PartFailed(Exception):
+    """A part's read called fail_json (run_command does, for a command that cannot run): that part failed."""
+
+    def __init__(self, result):
+        super(PartFailed, self).__init__(result.get("msg"))
+        self.result = result
+
+
+def part(module, read, *args):
+    """``read(module, *args)``, with a fail_json inside it making only that part's result a failure (shaped as
+    the failed module's result) instead of ending the module."""
+    real = module.fail_json
+
+    def fail(msg=None, **kwargs):
+        if "exception" in kwargs:
+            kwargs["exception"] = str(kwargs["exception"])
+        raise PartFailed(failed(msg, **kwargs))
+    module.fail_json = fail
+    try:
+        return read(module, *args)
+    except PartFailed as exc:
+        return exc.result
+    finally:
+        module.fail_json = real
+
+
 def path_stat(path):
     """``exists``, ``isdir``, ``executable`` of ``path`` as ansible.builtin.stat reports them (a link is not
     followed for ``isdir``; ``executable`` is os.access's X_OK)."""
@@ -494,15 +520,15 @@ def gather(module, p):
         if result["root_code"]:
             return result
     if "sglang" in parts:
-        result["args"] = read_args(module, p)
-        result["patch"] = read_patch(module, p)
+        result["args"] = part(module, read_args, p)
+        result["patch"] = part(module, read_patch, p)
     if "host" in parts:
         earlier = p["sglang_read"] or {}
         args, patch = result.get("args", earlier.get("args") or {}), result.get("patch", earlier.get("patch") or {})
         if (p["launcher"] or "").startswith("/"):
             result["launcher"] = dict(path_stat(p["launcher"]), path=p["launcher"])
         result["model_paths"] = model_paths(args, p["path_flags"])
-        result["gpu"] = read_gpu(module, p)
+        result["gpu"] = part(module, read_gpu, p)
         result["stop_preview"] = p["stop_preview"] if p["stop_preview"] is not None else read_stop(p)
         try:
             result["host"] = measure(measure_options(p, result, patch), run_command=lambda argv: module.run_command(
