@@ -197,7 +197,7 @@ class Proc(object):
 
     def __repr__(self):
         return "Proc(pid=%d, user=%s, cmdline=%r%s)" % (self.pid, self.user, self.cmdline,
-                                                         ", defunct" if self.defunct else "")
+                                                        ", defunct" if self.defunct else "")
 
 
 def snapshot(proc_root="/proc"):

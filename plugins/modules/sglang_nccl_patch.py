@@ -460,9 +460,6 @@ def write_atomic(module, path, data):
         pass  # best effort: some filesystems refuse fsync on a directory
 
 
-
-
-
 def backup_name(path, pid=None, now=None):
     """``<path>.<pid>.<YYYY-mm-dd@HH:MM:SS>~``, the name Ansible's ``backup_local`` gives a backup."""
     return "%s.%s.%s" % (path, pid or os.getpid(), time.strftime("%Y-%m-%d@%H:%M:%S~", time.localtime(now)))

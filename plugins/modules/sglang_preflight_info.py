@@ -386,7 +386,22 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_han
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_stop_plan import StopPlanError, plan_stop
 
 PARTS = ["sglang", "host"]
-MEASURE_KEYS = ['paths', 'shm_path', 'pid_file', 'systemd_unit', 'max_used_mib', 'world_size', 'server_env', 'write_dirs', 'model_markers', 'lock_dir', 'lock_lease_s', 'owned_paths', 'launch_record', 'launch_unit_dir']
+MEASURE_KEYS = [
+    'paths',
+    'shm_path',
+    'pid_file',
+    'systemd_unit',
+    'max_used_mib',
+    'world_size',
+    'server_env',
+    'write_dirs',
+    'model_markers',
+    'lock_dir',
+    'lock_lease_s',
+    'owned_paths',
+    'launch_record',
+    'launch_unit_dir',
+]
 
 
 def failed(msg, **kwargs):

@@ -63,9 +63,10 @@ def sglang_problems(args, patch, s):
         msg = text(patch["msg"])
         out.append("sglang_nccl_env refused: " + msg[len("invalid env: "):] if msg.startswith("invalid env: ")
                    else "NCCL patch would fail: " + msg)
-    out += [c["message"] for c in nccl_conflicts(args.get("sglang_version"), s["launch_args"], s["nccl_env"],
-                                                  overrides=s["nccl_env_overrides"], resolved=args.get("resolved"),
-                                                  server_env=s["server_env"])]
+    conflicts = nccl_conflicts(args.get("sglang_version"), s["launch_args"], s["nccl_env"],
+                               overrides=s["nccl_env_overrides"], resolved=args.get("resolved"),
+                               server_env=s["server_env"])
+    out += [c["message"] for c in conflicts]
     return out
 
 
@@ -89,8 +90,8 @@ def path_problems(launcher, model_paths):
         out.append("sglang_launcher starts with %s, which %s; fix sglang_launcher (or sglang_python)" % (
             launcher["path"], "is not executable" if launcher.get("exists") else "does not exist on this host"))
     local = [m for m in model_paths if m.get("local")]
-    for entry in [m for m in local if not m.get("exists")] + [m for m in local if m.get("exists")
-                                                               and not m.get("isdir")]:
+    missing = [m for m in local if not m.get("exists")]
+    for entry in missing + [m for m in local if m.get("exists") and not m.get("isdir")]:
         out.append("--%s %s: %s; copy the model there or fix sglang_launch_args" % (
             entry["key"].replace("_", "-"), entry["value"],
             "is not a directory" if entry.get("exists") else "does not exist on this host"))
