@@ -393,8 +393,14 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_text
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl import env_value_problems
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_check import (  # noqa: F401 (re-exported)
+    SPACE_MARGIN_BYTES,
+    filesystem_of,
+    space_needs,
+    space_problems,
+    unchecked_warnings,
+    write_refusal,
+)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_hand_edits import HAND_EDIT_MODES
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import FUNCTION_NAME
 # The plan (what each file holds, what the patch makes of it) is module_utils' (check.yml reads it too).
@@ -456,10 +462,6 @@ def write_atomic(module, path, data):
         pass  # best effort: some filesystems refuse fsync on a directory
 
 
-# Room left beyond the bytes the patch writes (directory entries, metadata of the new files, a block rounding).
-SPACE_MARGIN_BYTES = 64 * 1024
-
-
 def backup_name(path, pid=None, now=None):
     """``<path>.<pid>.<YYYY-mm-dd@HH:MM:SS>~``, the name Ansible's ``backup_local`` gives a backup."""
     return "%s.%s.%s" % (path, pid or os.getpid(), time.strftime("%Y-%m-%d@%H:%M:%S~", time.localtime(now)))
@@ -484,74 +486,6 @@ def write_backup(path, raw):
         if os.path.exists(tmp):
             os.unlink(tmp)
     return dest
-
-
-def space_needs(changing, backup, previous_for):
-    """What the run writes, as ``(directory, bytes, what)``: for each changing file (planned entries) its patched
-    copy beside it (written whole before the rename frees the old bytes), its backup when ``backup``, and its
-    rollback copy in ``previous_for(entry)``'s directory (a path or None)."""
-    needs = []
-    for entry in changing:
-        directory = os.path.dirname(entry["path"]) or "."
-        name = os.path.basename(entry["path"])
-        needs.append((directory, len(entry["data"]), "the patched copy of %s" % name))
-        if backup:
-            needs.append((directory, len(entry["raw"]), "the backup of %s" % name))
-        previous = previous_for(entry)
-        if previous:
-            needs.append((os.path.dirname(previous) or ".", len(entry["raw"]), "the rollback copy of %s" % name))
-    return needs
-
-
-def space_problems(needs, stat_fs, margin=SPACE_MARGIN_BYTES):
-    """Filesystems the writes in ``needs`` (:func:`space_needs`) do not fit on, in words (list of str).
-
-    ``stat_fs(directory)`` gives ``{"device", "mount", "block", "free", "inodes"}`` (free bytes and inodes for the
-    user the module runs as; :func:`filesystem_of`). Per filesystem the files' sizes, each rounded up to whole
-    blocks, plus ``margin`` must fit in its free bytes, and one inode per file in its free inodes.
-    """
-    by_fs, order = {}, []
-    for directory, size, what in needs:
-        fs = stat_fs(directory)
-        if fs["device"] not in by_fs:
-            by_fs[fs["device"]] = {"fs": fs, "bytes": margin, "files": 0, "what": []}
-            order.append(fs["device"])
-        block = max(int(fs["block"] or 1), 1)
-        entry = by_fs[fs["device"]]
-        entry["bytes"] += -(-size // block) * block
-        entry["files"] += 1
-        entry["what"].append("%s, %d bytes" % (what, size))
-    problems = []
-    for device in order:
-        entry = by_fs[device]
-        fs = entry["fs"]
-        if fs["free"] >= entry["bytes"] and (fs["inodes"] is None or fs["inodes"] >= entry["files"]):
-            continue
-        short = ("%d bytes free" % fs["free"]) if fs["free"] < entry["bytes"] else (
-            "%d free inodes for %d new files" % (fs["inodes"], entry["files"]))
-        problems.append("not enough room on the filesystem mounted at %s for the NCCL patch: it needs %d bytes (%s, "
-                        "and %d bytes to spare) and has %s; free space there (or, when the backup is what does not "
-                        "fit, turn it off: gpufleet_patch_backup=false for restart.yml, sglang_nccl_patch_backup=false)" % (
-                            fs["mount"], entry["bytes"], "; ".join(entry["what"]), margin, short))
-    return problems
-
-
-def filesystem_of(directory):
-    """``stat_fs`` for :func:`space_problems`: the filesystem of ``directory`` (or of its nearest existing parent,
-    for a directory the run would create): ``device``, ``mount`` (its mount point), ``block`` (fragment size),
-    ``free`` and ``inodes`` as the user running the module may use them (root may use the reserved blocks)."""
-    path = os.path.abspath(directory)
-    while not os.path.isdir(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)
-    vfs = os.statvfs(path)
-    root = os.geteuid() == 0
-    mount = path
-    while not os.path.ismount(mount):
-        mount = os.path.dirname(mount)
-    return {"device": os.stat(path).st_dev, "mount": mount, "block": vfs.f_frsize or vfs.f_bsize,
-            "free": (vfs.f_bfree if root else vfs.f_bavail) * (vfs.f_frsize or vfs.f_bsize),
-            # A filesystem without an inode count (btrfs, some FUSE) reports 0 files in all.
-            "inodes": (vfs.f_ffree if root else vfs.f_favail) if vfs.f_files else None}
 
 
 def keep_previous(source_path, raw, previous_file):
@@ -632,10 +566,8 @@ def run_module():
     if items:
         # A value let through by unchecked is written, but said at every verbosity: it is what NCCL's own parser
         # (as gpufleet knows it) would refuse or misread.
-        waived = set(params["unchecked"] or ())
-        for problem in env_value_problems([(n, v) for n, v in items if n in waived]):
-            module.warn("%s; written anyway because it is in unchecked (sglang_nccl_env_unchecked): make sure "
-                        "your NCCL release takes it" % problem)
+        for warning in unchecked_warnings(items, params["unchecked"]):
+            module.warn(warning)
     if result.pop("failed", False):
         module.fail_json(**result)
     planned = plan["planned"]
@@ -661,21 +593,9 @@ def run_module():
                   "after_header": e["path"]} for e in planned]
         result["diff"] = diffs[0] if len(diffs) == 1 else diffs
 
-    for entry in changing:
-        try:
-            # Compile the exact bytes that will be written (the coding cookie, if any, is honoured).
-            compile(entry["data"], entry["path"], "exec", dont_inherit=True)
-        except SyntaxError as exc:
-            module.fail_json(msg="refusing to write %s (%s): the patched source does not compile (%s); no file was "
-                                 "changed" % (entry["path"], release, to_text(exc)), **result)
-    # Before anything is written (in check mode too, so preflight refuses before the stop): the patched copies,
-    # backups and rollback copies must fit, or a write fails half way (a full disk).
-    try:
-        short = space_problems(space_needs(changing, params["backup"], keep_path), filesystem_of)
-    except OSError as exc:
-        short = ["cannot measure the free space for the NCCL patch: %s" % exc]
-    if short:
-        module.fail_json(msg="%s. No file was changed." % " | ".join(short), **result)
+    refusal = write_refusal(changing, params["backup"], keep_path, release)
+    if refusal:
+        module.fail_json(msg=refusal, **result)
     if params["previous_file"] and len(changing) > 1:
         module.fail_json(msg="%d files of %s define %s() and would change (%s): one previous_file cannot keep them "
                              "all; use previous_dir. No file was changed."

@@ -92,6 +92,9 @@ KEYS = {
     "checkplay_vs_ping_ratio_64": ("×", "`ansible-playbook playbooks/check.yml` (no textfile dir) / `ansible gpu_hosts "
                                    "-m ansible.builtin.ping`, the same 64 hosts and forks, paired runs, warm ssh",
                                    "≤ 1.5"),
+    "preflight_vs_ping_ratio_1": ("×", "`ansible-playbook playbooks/restart.yml --tags preflight -e target=H` / "
+                                  "`ansible H -m ansible.builtin.ping`, the same host, paired runs, warm ssh, the "
+                                  "host serving", "≤ 2"),
     "restart_all_at_once_64_vs_1_ratio": ("×", "median per-host downtime, -e gpufleet_serial=64 on 64 hosts, "
                                           "over single-host downtime (one paired run)", None),
     "module_exit_ms": ("ms", "module process end: its sys.exit (result printed) → the parent sees it gone; "
@@ -114,6 +117,7 @@ GROUPS = {
     "scaling_info": [],
     "checkplay": ["checkplay_s_64"],
     "checkplay_ratio": ["checkplay_vs_ping_ratio_64"],
+    "preflight_ratio": ["preflight_vs_ping_ratio_1"],
     "mitogen": ["check_s_64_mitogen", "check_mitogen_vs_default_ratio_64"],
     "batch8": ["batch8_fast_host_downtime_ratio", "batch8_fast_vs_even_batch_ratio"],
     "restart64": ["restart_all_at_once_64_vs_1_ratio"],
@@ -122,8 +126,8 @@ GROUPS = {
 # Groups that need no lab.
 NO_LAB = {"module_exit"}
 # checkplay last: after restart64 every host serves, as in a real fleet.
-ORDER = ["module_exit", "single", "check", "scaling_info", "mitogen", "batch8", "restart64", "checkplay",
-         "checkplay_ratio"]
+ORDER = ["module_exit", "single", "preflight_ratio", "check", "scaling_info", "mitogen", "batch8", "restart64",
+         "checkplay", "checkplay_ratio"]
 # Groups whose ratio needs the single-host downtime of the same session (paired).
 NEEDS_SINGLE = {"batch8", "restart64"}
 
@@ -835,6 +839,35 @@ class Bench:
             e["note"] = "check.yml median %.2f s, ping median %.2f s; %d of %d hosts serving" % (
                 statistics.median([a for a, _ in pairs]), statistics.median([b for _, b in pairs]), serving, len(hosts))
         self.keys["checkplay_vs_ping_ratio_64"] = e
+
+    def g_preflight_ratio(self):
+        """restart.yml's preflight alone (--tags preflight: play 1's guards and play 2) on one serving host over
+        ``ansible H -m ping`` on the same host, paired runs after a warm-up ping: what preflight costs each restart
+        beyond Ansible's own floor for one module call."""
+        host = self.lab.hosts[0]
+        try:
+            self.serving([host])
+        except RuntimeError as exc:
+            progress("warm-up failed, measuring anyway: %s" % str(exc)[:300])
+        bindir = os.path.dirname(sys.executable)
+        play = [os.path.join(bindir, "ansible-playbook"), "-i", self.lab.inventory, "playbooks/restart.yml",
+                "--tags", "preflight", "-e", "target=" + host]
+        ping = [os.path.join(bindir, "ansible"), "-i", self.lab.inventory, host, "-m", "ansible.builtin.ping", "-o"]
+        self._timed(ping, expect=1, ok_text="SUCCESS")  # warm the ssh connection
+        pairs = []
+        for i in range(self.opts.runs):
+            p = self._timed(play)
+            q = self._timed(ping, expect=1, ok_text="SUCCESS")
+            progress("pair %d: preflight %.2f s%s, -m ping %.2f s%s" % (
+                i + 1, p["wall_s"], "" if p["ok"] else " FAILED", q["wall_s"], "" if q["ok"] else " FAILED"))
+            if p["ok"] and q["ok"]:
+                pairs.append((p["wall_s"], q["wall_s"]))
+        cmd = "%s / %s" % (" ".join(["ansible-playbook -i <lab>"] + play[3:]), " ".join(["ansible -i <lab>"] + ping[3:]))
+        e = stats([a / b for a, b in pairs], "×", cmd, None if pairs else "no pair where both runs succeeded")
+        if e["value"] is not None:
+            e["note"] = "preflight median %.2f s, ping median %.2f s" % (
+                statistics.median([a for a, _ in pairs]), statistics.median([b for _, b in pairs]))
+        self.keys["preflight_vs_ping_ratio_1"] = e
 
     def _batch_point(self, n, res):
         d = [v["downtime_s"] for v in res["hosts"].values() if v["downtime_s"] is not None]

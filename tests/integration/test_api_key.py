@@ -157,7 +157,7 @@ def mode_of(lab, host, path):
 
 @pytest.mark.lab_only_once
 def test_the_key_is_in_no_artifact_report_or_state_file_only_in_the_0640_server_log(lab, tmp_path):
-    # Issue 31: a keyed restart over a keyed server (sglang_host_info read the listener's one-string title: the key
+    # Issue 31: a keyed restart over a keyed server (preflight's host read the listener's one-string title: the key
     # was at event_data.res.port.listeners[0].cmdline[0]), check.yml against it, a failed keyed launch whose log
     # tail is shown with the key masked.
     host = lab.hosts[0]
@@ -175,8 +175,9 @@ def test_the_key_is_in_no_artifact_report_or_state_file_only_in_the_0640_server_
             runners.append(runner)
         pid = server_pid(lab, host)
         assert ("--api-key " + key) in " ".join(cmdline(lab, host, pid)), "the keyed server serves"
-        listeners = [d["res"]["port"]["listeners"] for d in lab.events(runners[1], "runner_on_ok", "sglang_host_info")
-                     if d["host"] == host and (d.get("res") or {}).get("port")]
+        listeners = [d["res"]["host"]["port"]["listeners"]
+                     for d in lab.events(runners[1], "runner_on_ok", "sglang_preflight_info")
+                     if d["host"] == host and ((d.get("res") or {}).get("host") or {}).get("port")]
         assert listeners and "--api-key ********" in json.dumps(listeners), listeners  # the title was read, redacted
         report = tmp_path / "report"
         check = lab.run_playbook("playbooks/check.yml", limit=host, extravars={

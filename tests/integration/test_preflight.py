@@ -47,19 +47,22 @@ def task_events(runner, task):
     return found
 
 
-# sglang_host_info's other calls: what root runs (before the measurement), write access to engine.py (after it).
-OTHER_HOST_INFO = ("Check that root runs only code root owns", "Check that the NCCL patch can write its files")
+# The module each part of the sglang_preflight_info reads stands for (each part is shaped as that module's result).
+PARTS = {"sglang_server_args_info": "args", "sglang_host_info": "host", "sglang_nccl_patch": "patch"}
+# The task that shows what goes ahead but the operator should know (GPU holders with warn, hub ids, ...).
+NOTES = "Show what goes ahead but the operator should know (hand-typed lines, deprecated or unchecked flags, hub ids)"
 
 
 def module_results(runner, action):
-    """host -> result of the first task running module ``action`` (for sglang_host_info: the measurement, not
-    OTHER_HOST_INFO)."""
+    """host -> the part of the host's sglang_preflight_info reads that module ``action`` reads alone (the login
+    call holds args and patch; the host part is in the call with become where preflight uses one)."""
+    part = PARTS[action]
     found = {}
     for event in runner.events:
         data = event.get("event_data", {})
         if event.get("event") in ("runner_on_ok", "runner_on_failed") and \
-                data.get("task_action", "").endswith(action) and not data.get("task", "").startswith(OTHER_HOST_INFO):
-            found.setdefault(data["host"], data.get("res", {}))
+                data.get("task_action", "").endswith("sglang_preflight_info") and part in data.get("res", {}):
+            found.setdefault(data["host"], data["res"][part])
     return found
 
 
@@ -377,11 +380,11 @@ def test_foreign_gpu_job_with_warn_passes_only_when_the_wait_can_pass_beside_it(
         runner = run(fleet, {"gpufleet_preflight_gpu_holders": "warn", "gpu_memory_wait_require_no_processes": False},
                      limit=host)
         assert task_events(runner, VERDICT)[host][0] == "runner_on_ok"
-        warned = [d["res"]["msg"] for d in fleet.events(runner, "runner_on_ok")
-                  if d["host"] == host and d.get("task", "").startswith("Warn about GPU holders")]
+        warned = [m for d in fleet.events(runner, "runner_on_ok") if d["host"] == host and d.get("task") == NOTES
+                  for m in d["res"]["msg"] if m.startswith("WARNING: GPU memory held")]
         assert len(warned) == 1 and "WARNING: GPU memory held by a process the stop will not end: pid %d" % holder \
-            in warned[0][0]
-        assert "the wait after the stop passes beside it" in warned[0][0]
+            in warned[0]
+        assert "the wait after the stop passes beside it" in warned[0]
         assert sglang_pids(fleet, host) == pids
     finally:
         fleet.exec(host, ["kill", "-KILL", str(holder)])

@@ -268,8 +268,9 @@ def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_dema
         again = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key), limit=host, cmdline="-vvv")
         assert again.status == "successful", stdout_of(again)[-4000:]
         runners.append(again)
-        listeners = [d["res"]["port"]["listeners"] for d in lab.events(again, "runner_on_ok", "sglang_host_info")
-                     if (d.get("res") or {}).get("port")]
+        listeners = [d["res"]["host"]["port"]["listeners"]
+                     for d in lab.events(again, "runner_on_ok", "sglang_preflight_info")
+                     if ((d.get("res") or {}).get("host") or {}).get("port")]
         assert listeners and "--api-key ********" in json.dumps(listeners), listeners  # read, redacted
         report = tmp_path / "report"
         check = lab.run_playbook("playbooks/check.yml", limit=host, extravars={

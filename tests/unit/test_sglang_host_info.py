@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 host_info = load_module("sglang_host_info")
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_host_measure as host_measure  # noqa: E402
 
 
 def run_main(args, capsys):
@@ -169,7 +170,7 @@ def test_port_out_of_range_fails(capsys):
 
 
 def test_missing_psutil_is_reported_with_missing_required_lib(monkeypatch, capsys):
-    monkeypatch.setattr(host_info, "HAS_PSUTIL", False)
+    monkeypatch.setattr(host_measure, "HAS_PSUTIL", False)
     rc, out = run_main({"port": 30000}, capsys)
     assert rc == 1 and "psutil" in out["msg"] and "Failed to import the required Python library" in out["msg"]
 
@@ -329,7 +330,7 @@ def test_replace_access_needs_a_writable_directory(tmp_path, monkeypatch):
     assert entry["ok"] is True and entry["reason"] is None and entry["checked_path"] == str(tmp_path)
     assert entry["purpose"] == "replace" and entry["file_writable"] is True
     real_access = os.access
-    monkeypatch.setattr(host_info.os, "access", lambda path, mode, **kw: False if path == str(tmp_path)
+    monkeypatch.setattr(host_measure.os, "access", lambda path, mode, **kw: False if path == str(tmp_path)
                         else real_access(path, mode))
     entry = host_info.replace_access(str(target))
     assert entry["ok"] is False
@@ -341,7 +342,7 @@ def test_replace_access_needs_a_writable_directory(tmp_path, monkeypatch):
 def test_a_read_only_filesystem_is_named_as_such(tmp_path, monkeypatch):
     class RO(object):
         f_flag = os.ST_RDONLY
-    monkeypatch.setattr(host_info.os, "statvfs", lambda path: RO())
+    monkeypatch.setattr(host_measure.os, "statvfs", lambda path: RO())
     assert host_info._why_not(str(tmp_path)) == "%s is on a read-only filesystem" % tmp_path
 
 

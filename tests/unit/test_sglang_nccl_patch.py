@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from ansible.module_utils import basic
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_nccl_plan as nccl_plan
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_nccl_check as nccl_check
 from support.set_envs_exec import run_set_envs_and_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -718,7 +719,7 @@ def test_a_filesystem_too_full_for_the_copy_and_the_backup_is_refused_before_any
     path = make_tree(tmp_path)
     before = path.read_bytes()
     real = patch_module.filesystem_of
-    monkeypatch.setattr(patch_module, "filesystem_of", lambda d: dict(real(d), free=len(before)))
+    monkeypatch.setattr(nccl_check, "filesystem_of", lambda d: dict(real(d), free=len(before)))
     result = run_main(capsys, {"path": str(path), "env": ENV, "backup": True}, check_mode=check)
     assert result["failed"] and "not enough room on the filesystem mounted at" in result["msg"]
     assert "has %d bytes free" % len(before) in result["msg"] and "No file was changed" in result["msg"]

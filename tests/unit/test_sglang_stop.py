@@ -27,6 +27,7 @@ def load(name):
 
 
 stop = load("sglang_stop")
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_stop_plan as stop_plan  # noqa: E402
 
 
 def run_main(module, args, capsys):
@@ -820,7 +821,7 @@ def test_shm_holders_skips_a_process_that_ends_while_read_and_keeps_an_unreadabl
         if path.endswith("/102/maps"):
             raise OSError(errno.EIO, "Input/output error")
         return real_open(path, *a, **kw)
-    monkeypatch.setattr(stop, "open", fake_open, raising=False)
+    monkeypatch.setattr(stop_plan, "open", fake_open, raising=False)
     holders, unreadable = stop.shm_holders(shm, proc_root=str(proc))
     assert holders == {shm + "/nccl-a": {100}, shm + "/nccl-b": {103}}
     assert {pid for pid, _uid in unreadable} == {102}

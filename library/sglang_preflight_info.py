@@ -1,0 +1,1 @@
+../plugins/modules/sglang_preflight_info.py
