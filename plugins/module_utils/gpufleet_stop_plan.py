@@ -543,7 +543,7 @@ def choose(pid_file, users, pattern, protect_pattern, result):
             result["main_pid"] = main.pid if main else None
     chosen = select_server(procs, main.pid, user_set, protected, protect_re) if main is not None else []
     chosen += select_leftovers(procs, pattern_re, user_set, protected, protect_re,
-                               skip={p.pid for p, _ in chosen}, kept=result["kept"])
+                               skip={p.pid for p, dummy in chosen}, kept=result["kept"])
     return chosen
 
 

@@ -393,7 +393,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_check import (  # noqa: F401 (re-exported)
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_check import (  # noqa: F401 (re-exported) pylint: disable=unused-import
     SPACE_MARGIN_BYTES,
     filesystem_of,
     space_needs,

@@ -498,7 +498,8 @@ def read_gpu(module, p):
                       error_class="missing_library")
     except GpuError as exc:
         kw = failure_kwargs(exc, xid_on_fail(0, None))
-        return failed(kw.pop("msg"), **kw)
+        kw.update(failed=True)
+        return kw
 
 
 def read_stop(p):
