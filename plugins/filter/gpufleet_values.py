@@ -10,7 +10,7 @@ tests/unit/test_gpufleet_unit_values.py); these filters apply it where the playb
 """
 from __future__ import annotations
 
-from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_run import hosts_report
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.guard import hosts_report
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_unit_values import unit_value_problems
 
 

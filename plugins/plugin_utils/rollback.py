@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_check import worker_difference
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import worker_difference
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import rollback_fit
 
 NOT_CHANGED = "no file changed by this run's NCCL patch"
