@@ -441,8 +441,17 @@ def _given(values, variables):
         except Exception:  # noqa: BLE001 - e.g. a value templated from facts not gathered yet
             continue
         if not gpufleet_unset(value):
-            given[name] = value
+            given[name] = _stand_in(value) if var.no_log else value
     return given
+
+
+def _stand_in(value):
+    """A secret's stand-in of the same type, so validate_argument_spec checks its type while the value itself never
+    reaches the task's arguments, its loop item or the job events (the registered result holds both)."""
+    for kind, stand_in in ((bool, False), (str, "********"), (int, 0), (float, 0.0), (Mapping, {}), (list, [])):
+        if isinstance(value, kind):
+            return stand_in
+    return "********"
 
 
 def gpufleet_guard_argument_specs(hostvars, hosts):

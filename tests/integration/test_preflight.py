@@ -528,6 +528,11 @@ def test_what_sglang_would_undo_or_refuse_after_the_stop_is_refused_before_it(fl
         "sglang_nccl_env_overrides": ["NCCL_ALGO", "NCCL_MAX_NCHANNELS"]})
     assert allowed.status == "successful", verdict_messages(allowed)
     assert sglang_pids(fleet, host) == pids
+    # A preflight-only run is read-only: the rolling play ends before the restart lock is taken or released.
+    ran = {e["event_data"].get("task_action", "") for e in allowed.events
+           if e.get("event") in ("runner_on_ok", "runner_on_failed") and e["event_data"].get("host") == host}
+    assert not any(a.endswith("gpufleet_lock") for a in ran), sorted(ran)
+    assert any(a.endswith("sglang_preflight_info") for a in ran), sorted(ran)
 
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test

@@ -8,6 +8,7 @@ preflight, the API key. Assertions read the host itself (``systemctl show``, /pr
 """
 import json
 import os
+import re
 import secrets
 import shlex
 import time
@@ -224,6 +225,20 @@ def test_foreign_gpu_holder_is_refused_in_preflight_and_the_unit_keeps_serving(s
         lab.exec(host, ["kill", "-KILL", str(holder)])
 
 
+def where_held(root, text):
+    """For a failure message: per file under ``root`` holding ``text``, the task and the bytes around it (``text``
+    shown as <KEY>)."""
+    out = []
+    for rel in files_holding(root, text):
+        with open(os.path.join(root, rel), "rb") as handle:
+            data = handle.read().decode("utf-8", "replace")
+        at = data.index(text)
+        task = re.search(r'"task": "([^"]*)"', data)
+        out.append("%s [%s]: ...%s..." % (rel, task.group(1) if task else "?",
+                                          data[max(0, at - 300):at + len(text) + 100].replace(text, "<KEY>")))
+    return "\n".join(out)
+
+
 def files_holding(root, text):
     """Every file under ``root`` (controller side) whose bytes hold ``text``."""
     found = []
@@ -289,7 +304,7 @@ def test_api_key_lives_in_a_root_only_file_never_in_the_unit_and_the_server_dema
         assert lab.wait_http(host, timeout_s=30) == 200
         assert lab.exec(host, [python, "-c", code, key]).stdout.strip() == "200"
         for run in runners:
-            assert files_holding(run.config.artifact_dir, key) == [], run.config.artifact_dir
+            assert files_holding(run.config.artifact_dir, key) == [], where_held(run.config.artifact_dir, key)
         assert files_holding(str(report), key) == []
         held = lab.exec(host, ["grep", "-rlF", "--", key, state, lab.host_vars(host)["lab_host_dir"] + "/textfile"])
         assert sorted(held.stdout.split()) == sorted([key_file, log])  # SGLang logs server_args with the key

@@ -352,6 +352,19 @@ def test_the_argument_specs_for_validate_argument_spec_cover_the_set_variables_t
     assert run.gpufleet_guard_argument_specs(hostvars, ["h4"]) == []
 
 
+def test_a_secret_reaches_validate_argument_spec_only_as_a_stand_in_of_its_type():
+    # The task's arguments and loop item land in the job events: the key must not (issue 31's grep found it there).
+    key = "sk-" + "x" * 40
+    hostvars = {"h1": {"sglang_api_key": key, "sglang_launch_method": "process"},
+                "h2": {"sglang_api_key": ["not", "a", "string"]}}
+    groups = run.gpufleet_guard_argument_specs(hostvars, ["h1", "h2"])
+    assert key not in repr(groups)
+    assert groups[0]["provided_arguments"] == {"sglang_api_key": "********", "sglang_launch_method": "process"}
+    assert groups[0]["argument_spec"]["sglang_api_key"]["no_log"] is True
+    # a wrong type is still a wrong type
+    assert groups[1]["provided_arguments"] == {"sglang_api_key": []}
+
+
 class _Lazy(dict):
     """A host's hostvars: a value templated from facts not gathered yet raises when read."""
 
