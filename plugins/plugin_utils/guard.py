@@ -440,9 +440,22 @@ def _given(values, variables):
             value = values[name]
         except Exception:  # noqa: BLE001 - e.g. a value templated from facts not gathered yet
             continue
-        if not gpufleet_unset(value):
+        if not gpufleet_unset(value) and not _templated(value):
             given[name] = _stand_in(value) if var.no_log else value
     return given
+
+
+def _templated(value):
+    """Whether ``value`` still holds a template (``{{ lab_host_dir }}/kmsg`` from an inventory): the guard runs on
+    the controller, where the host's variables it names are undefined, so such a value is left to the role that
+    reads it, like one that cannot be templated at all."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, Mapping):
+        return any(_templated(k) or _templated(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_templated(v) for v in value)
+    return False
 
 
 def _stand_in(value):
