@@ -440,22 +440,9 @@ def _given(values, variables):
             value = values[name]
         except Exception:  # noqa: BLE001 - e.g. a value templated from facts not gathered yet
             continue
-        if not gpufleet_unset(value) and not _templated(value):
+        if not gpufleet_unset(value):
             given[name] = _stand_in(value) if var.no_log else value
     return given
-
-
-def _templated(value):
-    """Whether ``value`` still holds a template (``{{ lab_host_dir }}/kmsg`` from an inventory): the guard runs on
-    the controller, where the host's variables it names are undefined, so such a value is left to the role that
-    reads it, like one that cannot be templated at all."""
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, Mapping):
-        return any(_templated(k) or _templated(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return any(_templated(v) for v in value)
-    return False
 
 
 def _stand_in(value):
@@ -500,6 +487,9 @@ def _validated_errors(validated, hosts):
             continue
         item = result.get("item") if isinstance(result.get("item"), Mapping) else {}
         for error in result.get("argument_errors") or []:
+            # the values are validated nested under gpufleet_guard_values (playbooks/tasks/guards.yml says why)
+            error = str(error).replace(" found in 'gpufleet_guard_values'.", "").replace(
+                " found in gpufleet_guard_values", "")
             message = ("%s (the type the roles' argument specs give it); fix it where it is set (host_vars, "
                        "group_vars, an AWX survey or -e), or do not set it for the default" % str(error).rstrip("."))
             seen.setdefault(message, []).extend(h for h in item.get("hosts", hosts) if h in hosts)

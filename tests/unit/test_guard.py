@@ -352,14 +352,6 @@ def test_the_argument_specs_for_validate_argument_spec_cover_the_set_variables_t
     assert run.gpufleet_guard_argument_specs(hostvars, ["h4"]) == []
 
 
-def test_a_value_still_holding_a_template_is_left_to_its_role():
-    # validate_argument_spec runs on the controller: "{{ lab_host_dir }}" is undefined there and failed the guard.
-    hostvars = {"h1": {"fleet_check_kmsg_path": "{{ lab_host_dir }}/kmsg", "sglang_launch_method": "process",
-                       "sglang_nccl_env": {"NCCL_ALGO": "{{ algo }}"}}}
-    [group] = run.gpufleet_guard_argument_specs(hostvars, ["h1"])
-    assert group["provided_arguments"] == {"sglang_launch_method": "process"}
-
-
 def test_a_secret_reaches_validate_argument_spec_only_as_a_stand_in_of_its_type():
     # The task's arguments and loop item land in the job events: the key must not (issue 31's grep found it there).
     key = "sk-" + "x" * 40
@@ -392,7 +384,8 @@ def test_validate_argument_specs_errors_join_the_report_naming_the_hosts_they_co
     hostvars = {"h1": {"sglang_port": "x"}, "h2": {"sglang_port": "x"}, "h3": {}}
     validated = {"results": [
         {"item": {"hosts": ["h1", "h3"]}, "failed": False,
-         "argument_errors": ["value of sglang_launch_method must be one of: systemd, process, got: sytemd"]},
+         "argument_errors": ["value of sglang_launch_method must be one of: systemd, process, got: sytemd found in "
+                             "gpufleet_guard_values"]},
         {"item": {"hosts": ["h2"]}, "failed": False, "argument_errors": []},
     ]}
     report = run.gpufleet_guard_report(hostvars, ["h1", "h2", "h3"], validated)
