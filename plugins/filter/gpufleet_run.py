@@ -1,34 +1,11 @@
-"""gpufleet run filters: the guards every playbook runs first, and restart.yml's summary rows.
+"""gpufleet run filters: thin wrappers over the controller-side core, under the names playbooks use.
 
-Used by playbooks/tasks/guards.yml (the first play of every playbook). Plain functions, unit-tested in
-tests/unit/test_filter_gpufleet_run.py.
-
-AWX surveys pass every answer as an extra variable, and an optional question left blank arrives as ``""``.
-Extra variables win over every other source (inventory, play vars, set_fact), so a blank answer cannot be
-replaced by the inventory's value: ``""`` (and null) count as *unset*, i.e. the variable's documented
-default.
-
-- ``gpufleet_unset(value)`` → bool: None, ``""`` or only whitespace.
-- ``gpufleet_serial_error(value)`` → str: why ``gpufleet_serial`` is not a valid ``serial`` ('' when valid).
-- ``gpufleet_serial_value(value, n_hosts=None)`` → int|str|list: what ``serial:`` gets (1 when unset or invalid, so
-  the play's ``serial`` never raises; the guard play has failed already in that case; counts capped at the play's
-  hosts, percentages whole: what ansible-core's batching takes without hanging or raising).
-- ``gpufleet_serial_notes(value, n_hosts)`` → list of str: a count above the targeted hosts means all of them.
-- ``gpufleet_batch_size(value, n_hosts)`` → int: the most hosts one ``serial`` batch takes out of ``n_hosts``.
-- ``gpufleet_capacity_error(serial, max_unavailable, n_hosts)`` → str: why ``gpufleet_serial`` takes out more hosts
-  than ``gpufleet_max_unavailable`` allows ('' when it does not, or when either is unset or invalid).
-- ``gpufleet_guard_errors(values, host=None)`` → list of str: type errors of survey variables, each naming the
-  variable the user set.
-- ``gpufleet_guard_report(hostvars, hosts)`` → list of str: those errors over the targeted hosts, de-duplicated.
-- ``gpufleet_guard_deprecations(hostvars, hosts)`` → list of str: deprecated variables in use.
-- ``gpufleet_guard_notes(hostvars, hosts)`` → list of str: valid values the run does not take as written.
-- ``gpufleet_rows(hosts, result, cause, phase, advice)`` → dict: summary rows for hosts not restarted.
-- ``gpufleet_restart_row(facts)`` → dict: one host's row from its facts (restart.yml's always: section).
-- ``gpufleet_preflight_rows(hostvars, targets, play_hosts_all, play_hosts)`` → dict: rows after a refusal.
-- ``gpufleet_not_started_rows(hostvars, play_hosts_all, batch, stopped_at, result)`` → dict: later hosts.
+- The command-line guard (playbooks/tasks/guards.yml, the first play of every playbook): its functions and their
+  contracts are documented in plugins/plugin_utils/guard.py (tests: tests/unit/test_guard.py).
+- restart.yml's summary rows and what a cut-short run left: plugins/plugin_utils/run.py; the lock lease plan and the
+  unreachable-host advice: plugins/plugin_utils/phases.py (tests: tests/unit/plugins/plugin_utils/).
 """
 from __future__ import annotations
-
 
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils import phases, run
 
