@@ -110,11 +110,12 @@ def unchecked_warnings(items, unchecked):
             "release takes it" % problem for problem in env_value_problems([(n, v) for n, v in items if n in waived])]
 
 
-def preview_patch(python=None, path=None, env=None, unchecked=(), hand_edits="refuse", backup=False, run=None):
+def preview_patch(python=None, path=None, env=None, unchecked=(), hand_edits="refuse", backup=False, run=None,
+                  here=False, package=None):
     """sglang_nccl_patch's answer in check mode (state present, no previous copy): ``changed``, ``path``,
     ``paths``, ``files``, ``sglang_version``, ``hand_edits``, ``line``, ``env``; ``failed`` and ``msg`` where the
-    module would fail; ``warnings`` the module's warnings."""
-    plan = plan_block(python, path, env, unchecked, "present", hand_edits, run)
+    module would fail; ``warnings`` the module's warnings. ``here``, ``package``: as for :func:`plan_block`."""
+    plan = plan_block(python, path, env, unchecked, "present", hand_edits, run, here, package)
     result = dict(line=None, env={}, backup_file=None, previous=None, sha256=None)
     result.update(plan["result"])
     result["warnings"] = unchecked_warnings(plan["items"], unchecked) if plan["items"] else []

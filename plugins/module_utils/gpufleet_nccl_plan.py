@@ -303,10 +303,12 @@ def file_result(entry, written):
             "previous_sha256": entry.get("previous_sha256")}
 
 
-def plan_block(python=None, path=None, env=None, unchecked=(), state="present", hand_edits="refuse", run=None):
+def plan_block(python=None, path=None, env=None, unchecked=(), state="present", hand_edits="refuse", run=None,
+               here=False, package=None):
     """The NCCL block plan of every file of the sglang package (found by ``python``, or ``path``) that defines
     _set_envs_and_config, against ``env``; nothing is written. ``run(argv)`` runs a command as
-    ``AnsibleModule.run_command`` does.
+    ``AnsibleModule.run_command`` does; ``here`` and ``package`` as for
+    :func:`~ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang.locate_sglang`.
 
     Returns ``{"result", "items", "planned"}``: ``result`` holds sglang_nccl_patch's result keys ``changed``
     (whether the patch would change a file), ``path``, ``paths``, ``files`` (:func:`file_result` entries; a refused
@@ -325,7 +327,7 @@ def plan_block(python=None, path=None, env=None, unchecked=(), state="present", 
         result.update(failed=True, msg=str(exc))
         return out
     try:
-        found = locate_sglang(python=python, path=path, run=run)
+        found = locate_sglang(python=python, path=path, run=run, here=here, package=package)
     except SGLangLocateError as exc:
         result.update(failed=True, msg="%s (looking for every file of the sglang package that defines %s())"
                       % (exc, FUNCTION_NAME), rc=getattr(exc, "rc", None), stdout=getattr(exc, "stdout", None),
@@ -347,10 +349,11 @@ def plan_block(python=None, path=None, env=None, unchecked=(), state="present", 
     return out
 
 
-def check_block(python=None, path=None, env=None, unchecked=(), state="present", hand_edits="refuse", run=None):
+def check_block(python=None, path=None, env=None, unchecked=(), state="present", hand_edits="refuse", run=None,
+                here=False, package=None):
     """sglang_nccl_patch's answer in check mode as check.yml judges it (:func:`plan_block`'s ``result``, with
     ``files`` for every planned file): ``changed`` says whether the patch would change a file."""
-    out = plan_block(python, path, env, unchecked, state, hand_edits, run)
+    out = plan_block(python, path, env, unchecked, state, hand_edits, run, here, package)
     result = out["result"]
     if not result.get("failed"):
         result["files"] = [file_result(e, False) for e in out["planned"]]

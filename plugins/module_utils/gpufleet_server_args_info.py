@@ -41,7 +41,8 @@ def find_package(module, python, package_dir):
         return module.run_command(argv, environ_update=C_ENV)
 
     try:
-        found = locate_package(python, run=run)
+        # here: a module's environment is the one the interpreter would start in (no second start of it).
+        found = locate_package(python, run=run, here=True)
     except SGLangLocateError as exc:
         raise ArgsInfoError(str(exc), rc=getattr(exc, "rc", None), stdout=getattr(exc, "stdout", ""),
                             stderr=getattr(exc, "stderr", ""))

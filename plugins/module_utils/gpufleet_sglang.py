@@ -468,7 +468,7 @@ def managed_block_lines(text):
     return begins[0], ends[0]
 
 
-def locate_sglang(python=None, path=None, run=None):
+def locate_sglang(python=None, path=None, run=None, here=False, package=None):
     """Find the installed sglang and the file to patch, without importing sglang.
 
     Exactly one of:
@@ -479,7 +479,8 @@ def locate_sglang(python=None, path=None, run=None):
       directory (editable installs such as ``/sgl-workspace/sglang/python/sglang`` included).
 
     ``run`` is ``callable(argv) -> (rc, stdout, stderr)`` (default: :mod:`subprocess` with ``LC_ALL=C``);
-    an Ansible module passes a wrapper around ``module.run_command``.
+    an Ansible module passes a wrapper around ``module.run_command``. ``here``: as for :func:`locate_package`.
+    ``package``: :func:`locate_package`'s answer for ``python`` when the caller has it already (one search a call).
 
     Returns a dict:
 
@@ -510,30 +511,93 @@ def locate_sglang(python=None, path=None, run=None):
             result["version"], result["version_source"] = read_sglang_version(package_dir)
         return result
 
-    result.update(locate_package(python, run=run))
+    result.update(package or locate_package(python, run=run, here=here))
     result["scan"] = {}
     result["paths"] = find_set_envs_files(result["package_dir"], stats=result["scan"])
     result["path"] = result["paths"][0]
     return result
 
 
-def locate_package(python, run=None):
+def same_interpreter(python, executable=None):
+    """Whether running ``python`` (str path) starts the interpreter and environment this process runs on
+    (``executable``, default :data:`sys.executable`): the same file once links are resolved, and the same
+    virtualenv (CPython takes the ``pyvenv.cfg`` beside the path it was started by, or one directory up, so a venv's
+    ``bin/python`` and the system python it links to are different environments)."""
+    executable = executable or sys.executable
+    if not python or not executable:
+        return False
+    try:
+        if os.path.realpath(python) != os.path.realpath(executable):
+            return False
+    except (OSError, ValueError):
+        return False
+    return _venv_root(python) == _venv_root(executable)
+
+
+def _venv_root(path):
+    """The virtualenv directory ``path`` (an interpreter) starts in, or None."""
+    here = os.path.dirname(os.path.abspath(path))
+    for candidate in (here, os.path.dirname(here)):
+        if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
+            return candidate
+    return None
+
+
+def locate_here():
+    """:data:`LOCATE_SCRIPT`'s answer computed in this process (the same keys but ``dist_version`` and
+    ``dist_path``, which :func:`locate_package` asks :func:`dist_version_here` for only when the package's files
+    name no release). For a module whose interpreter is the SGLang one (:func:`same_interpreter`): it saves
+    starting that interpreter again (about 60 ms a call). As the script does, '' and '.' are left out of the
+    search path, and nothing of sglang is executed (a top-level ``find_spec``)."""
+    import importlib.util
+    out = {"executable": sys.executable, "python_version": "%d.%d.%d" % sys.version_info[:3]}
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if p not in ("", ".")]
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except Exception as exc:  # what the script reports too: a broken path entry or finder
+        spec = None
+        out["error"] = "%s: %s" % (type(exc).__name__, exc)
+    finally:
+        sys.path[:] = saved
+    if spec is not None:
+        out["origin"] = spec.origin
+        out["locations"] = list(spec.submodule_search_locations or [])
+    return out
+
+
+def dist_version_here():
+    """``importlib.metadata``'s release of the ``sglang`` distribution in this process, or None."""
+    try:
+        import importlib.metadata as metadata
+        return metadata.distribution("sglang").version
+    except Exception:  # no metadata module (3.7), no distribution, a broken dist-info: the release is unknown
+        return None
+
+
+def locate_package(python, run=None, here=False):
     """The sglang package of interpreter ``python`` (str) and its release, without importing sglang.
 
-    ``run``: as for :func:`locate_sglang`. Returns a dict: ``package_dir`` (str), ``version`` and
-    ``version_source`` (str or None; files first, then ``importlib.metadata``), ``python_version`` (str).
-    Raises :class:`SGLangLocateError` (with ``rc``, ``stdout``, ``stderr`` when the interpreter failed) if the
-    interpreter cannot run or has no sglang package.
+    ``run``: as for :func:`locate_sglang`. ``here``: when ``python`` is this process's own interpreter
+    (:func:`same_interpreter`), look in this process (:func:`locate_here`) instead of starting it; a module
+    passes True (its environment is the one a started interpreter would get), a caller that changed
+    ``PYTHONPATH`` since it started must not. Returns a dict: ``package_dir`` (str), ``version`` and
+    ``version_source`` (str or None; files first, then ``importlib.metadata``), ``python_version`` (str),
+    ``located`` (``"in_process"`` or ``"interpreter"``). Raises :class:`SGLangLocateError` (with ``rc``,
+    ``stdout``, ``stderr`` when the interpreter failed) if the interpreter cannot run or has no sglang package.
     """
-    run = run or _run_subprocess
-    argv = locate_argv(python)
-    rc, stdout, stderr = run(argv)
-    if rc != 0:
-        error = SGLangLocateError("%s could not be run to find sglang (rc=%s): %s"
-                                  % (python, rc, (stderr or stdout or "").strip()[-1000:]))
-        error.rc, error.stdout, error.stderr = rc, stdout, stderr
-        raise error
-    info = parse_locate_output(stdout)
+    if here and same_interpreter(python):
+        info, located = locate_here(), "in_process"
+    else:
+        run = run or _run_subprocess
+        argv = locate_argv(python)
+        rc, stdout, stderr = run(argv)
+        if rc != 0:
+            error = SGLangLocateError("%s could not be run to find sglang (rc=%s): %s"
+                                      % (python, rc, (stderr or stdout or "").strip()[-1000:]))
+            error.rc, error.stdout, error.stderr = rc, stdout, stderr
+            raise error
+        info, located = parse_locate_output(stdout), "interpreter"
     locations = info.get("locations") or []
     if not locations:
         detail = info.get("error") or "importlib.util.find_spec('sglang') returned None"
@@ -544,7 +608,9 @@ def locate_package(python, run=None):
                                 % (python, info.get("python_version") or "?", detail))
     package_dir = locations[0]
     version, source = read_sglang_version(package_dir)
-    if not version and info.get("dist_version"):
-        version, source = info["dist_version"], "importlib.metadata"
+    if not version:
+        dist_version = info.get("dist_version") if located == "interpreter" else dist_version_here()
+        if dist_version:
+            version, source = dist_version, "importlib.metadata"
     return {"package_dir": package_dir, "version": version, "version_source": source,
-            "python_version": info.get("python_version")}
+            "python_version": info.get("python_version"), "located": located}

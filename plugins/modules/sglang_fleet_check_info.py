@@ -223,21 +223,23 @@ workers:
 import gc
 import json
 import sys
+import threading
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (
     DEFAULT_TITLE_PATTERN,
     WorkerEnvError,
     read_workers,
 )
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import (
-    PYNVML_IMPORT_ERROR,
-    GpuError,
-    MissingLibraryError,
-    failure_kwargs,
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_host_reads import (
+    PYTHON_NOT_SET,
+    failed,
+    locate,
+    read_args,
+    read_gpu,
+    runner,
 )
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_info import read_gpu_info, xid_on_fail
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_managed_server import (
     ServerFindError,
     find_managed_server,
@@ -245,21 +247,10 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_managed_se
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_plan import check_block
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_server_args_info import (
-    ArgsInfoError,
-    resolve_server_args,
-)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_hand_edits import HAND_EDIT_MODES
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_trust import root_code_check
 
 PARTS = ["server", "gpu", "sglang", "nccl_files", "nccl_workers"]
-
-
-def failed(msg, **kwargs):
-    """A part's result when its read failed (shaped as the failed module result)."""
-    out = dict(kwargs)
-    out.update(failed=True, msg=msg)
-    return out
 
 
 def uri_result(url, status, msg, body=None, parse_json=False):
@@ -291,21 +282,10 @@ def request(module, url, timeout_s, headers=None, parse_json=False):
     return uri_result(url, int(info.get("status", -1)), info.get("msg", ""), body, parse_json)
 
 
-def read_gpu(module, p):
-    try:
-        return read_gpu_info(p["backend"], module.get_bin_path("nvidia-smi"), (), True, True, p["xid_window_min"],
-                             p["kmsg_path"], None, p["gpu_timeout_s"])
-    except MissingLibraryError as exc:
-        return failed(missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR),
-                      error_class="missing_library")
-    except GpuError as exc:
-        kw = failure_kwargs(exc, xid_on_fail(p["xid_window_min"], p["kmsg_path"]))
-        kw.update(failed=True)
-        return kw
-
-
 def gather(module, p):
-    """The module's result for its options ``p`` (every part caught: a failed part does not stop the others)."""
+    """The module's result for its options ``p`` (every part caught: a failed part does not stop the others).
+    The GPU read runs in a thread beside the others (its nvidia-smi calls wait on the driver, not on this
+    process); SGLang is located once, for the launch args and the NCCL blocks."""
     parts = [name for name in PARTS if name in (p["gather"] or [])]
     result = {"changed": False, "gathered": []}
     if p["root_interpreter_self"]:
@@ -313,6 +293,8 @@ def gather(module, p):
         result["root_code"] = [entry] if entry else []
         if entry:
             return result
+    gpu = Background(read_gpu, module, p["backend"], p["gpu_timeout_s"], True, p["xid_window_min"],
+                     p["kmsg_path"]) if "gpu" in parts else None
     pid = p["pid"]
     running = pid is not None
     if "server" in parts:
@@ -327,8 +309,8 @@ def gather(module, p):
         if running:
             start = process_start(pid)
             result["started"] = failed(start["error"]) if "error" in start else start
-    if "gpu" in parts:
-        result["gpu"] = read_gpu(module, p)
+    nccl = "nccl_files" in parts and bool(p["nccl_env"])
+    package = locate(module, p["python"]) if nccl or "sglang" in parts else None
     if "sglang" in parts:
         base = (p["url"] or "").rstrip("/")
         result["health"] = request(module, base + "/health_generate", p["request_timeout_s"])
@@ -336,35 +318,45 @@ def gather(module, p):
             headers = {"Authorization": "Bearer " + p["api_key"]} if p["api_key"] else {}
             result["server_info"] = request(module, base + "/get_server_info", p["request_timeout_s"], headers,
                                             parse_json=True)
-            result["args"] = read_args(module, p)
-    nccl = bool(p["nccl_env"])
-    if "nccl_files" in parts and nccl:
+            result["args"] = read_args(module, p["python"], p["launch_args"], p["host"], p["port"],
+                                       package=package)
+    if nccl:
         result["patch_present"] = check_block(
             python=p["python"], env=p["nccl_env"], unchecked=p["nccl_env_unchecked"], state="present",
-            hand_edits=p["nccl_hand_edits"], run=lambda argv: module.run_command(
-                argv, environ_update={"LC_ALL": "C", "LANG": "C"}, cwd="/")) if p["python"] else failed(
-            "one of the following is required: path, python (sglang_python is not set)")
-    if "nccl_workers" in parts and nccl and running and pid is not None:
+            hand_edits=p["nccl_hand_edits"], run=runner(module, LANG="C"), here=True,
+            package=package) if p["python"] else failed(
+            "one of the following is required: path, python (%s)" % PYTHON_NOT_SET)
+    if "nccl_workers" in parts and bool(p["nccl_env"]) and running and pid is not None:
         try:
             result["workers"] = read_workers(pid=pid, title_pattern=DEFAULT_TITLE_PATTERN, expected=p["nccl_env"])
         except WorkerEnvError as exc:
             result["workers"] = failed(exc.msg, **exc.kwargs)
+    if gpu is not None:
+        result["gpu"] = gpu.result()
     result["gathered"] = [name for name in PARTS if name in parts]
     return result
 
 
-def read_args(module, p):
-    if not p["python"]:
-        return failed("one of the following is required: python, package_dir (sglang_python is not set)")
-    options = dict(python=p["python"], package_dir=None, launch_args=p["launch_args"], host=p["host"],
-                   port=p["port"], mode="auto", help_timeout_s=300, extra_speculative_algorithms=[],
-                   extra_choices={})
-    try:
-        out = resolve_server_args(module, options)
-    except ArgsInfoError as exc:
-        return failed(exc.msg, **exc.kwargs)
-    out.pop("changed", None)
-    return out
+class Background(threading.Thread):
+    """``function(*args)`` in a daemon thread; :meth:`result` waits for its return value (or re-raises)."""
+
+    def __init__(self, function, *args):
+        super(Background, self).__init__()
+        self.daemon = True
+        self.function, self.args, self.value, self.error = function, args, None, None
+        self.start()
+
+    def run(self):
+        try:
+            self.value = self.function(*self.args)
+        except BaseException as exc:  # handed to the caller's thread by result()
+            self.error = exc
+
+    def result(self):
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 def main():

@@ -559,8 +559,9 @@ def run_module():
         return module.run_command(argv, environ_update={"LC_ALL": "C", "LANG": "C"}, cwd="/")
 
     # The same plan check.yml reads (module_utils gpufleet_nccl_plan): every file judged, none written.
+    # here: when the module runs on the SGLang interpreter, SGLang is found in this process.
     plan = plan_block(params["python"], params["path"], params["env"], params["unchecked"], params["state"],
-                      params["hand_edits"], run)
+                      params["hand_edits"], run, here=True)
     result.update(plan["result"])
     items = plan["items"]
     if items:

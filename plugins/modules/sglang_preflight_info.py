@@ -362,26 +362,23 @@ import os
 import stat
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import (
-    PYNVML_IMPORT_ERROR,
-    GpuError,
-    MissingLibraryError,
-    failure_kwargs,
-)
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_info import read_gpu_info, xid_on_fail
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_host_measure import (
     MEASURE_OPTIONS,
     MeasureError,
     measure,
     root_code,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_host_reads import (
+    PYTHON_NOT_SET,
+    failed,
+    locate,
+    read_args,
+    read_gpu,
+    runner,
+)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_check import preview_patch
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import HAS_PSUTIL, PSUTIL_IMPORT_ERROR
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
-from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_server_args_info import (
-    ArgsInfoError,
-    resolve_server_args,
-)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_hand_edits import HAND_EDIT_MODES
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_stop_plan import StopPlanError, plan_stop
 
@@ -402,13 +399,6 @@ MEASURE_KEYS = [
     'launch_record',
     'launch_unit_dir',
 ]
-
-
-def failed(msg, **kwargs):
-    """A part's result when its read failed (shaped as the failed module's result)."""
-    out = dict(kwargs)
-    out.update(failed=True, msg=msg)
-    return out
 
 
 class PartFailed(Exception):
@@ -460,46 +450,22 @@ def model_paths(resolved, path_flags):
     return out
 
 
-def read_args(module, p):
-    if not p["python"]:
-        return failed("one of the following is required: python, package_dir (sglang_python is not set)")
-    options = dict(python=p["python"], package_dir=None, launch_args=p["launch_args"], host=p["host"],
-                   port=p["port"], mode=p["args_mode"], help_timeout_s=p["help_timeout_s"],
-                   extra_speculative_algorithms=p["extra_speculative_algorithms"], extra_choices=p["extra_choices"])
-    try:
-        out = resolve_server_args(module, options)
-    except ArgsInfoError as exc:
-        return failed(exc.msg, **exc.kwargs)
-    out.pop("changed", None)
-    return out
-
-
-def read_patch(module, p):
+def read_patch(module, p, package=None):
     if not (p["nccl_patch_path"] or p["python"]):
-        return failed("one of the following is required: path, python (sglang_python is not set)")
+        return failed("one of the following is required: path, python (%s)" % PYTHON_NOT_SET)
     out = preview_patch(python=None if p["nccl_patch_path"] else p["python"], path=p["nccl_patch_path"] or None,
                         env=p["nccl_env"], unchecked=p["nccl_env_unchecked"], hand_edits=p["nccl_hand_edits"],
-                        backup=p["nccl_backup"], run=lambda argv: module.run_command(
-                            argv, environ_update={"LC_ALL": "C", "LANG": "C"}, cwd="/"))
+                        backup=p["nccl_backup"], run=runner(module, LANG="C"), here=True, package=package)
     for warning in out.pop("warnings", []):
         module.warn(warning)
     return out
 
 
-def read_gpu(module, p):
+def read_host_gpu(module, p):
     if not HAS_PSUTIL:
         return failed(missing_required_lib("psutil") + " (or set processes: false)",
                       exception=str(PSUTIL_IMPORT_ERROR), error_class="missing_library")
-    try:
-        return read_gpu_info(p["gpu_backend"], module.get_bin_path("nvidia-smi"), (), True, False, 0, None, None,
-                             p["gpu_timeout_s"], p["expected_gpus"])
-    except MissingLibraryError as exc:
-        return failed(missing_required_lib(exc.library), exception=str(exc.exc or PYNVML_IMPORT_ERROR),
-                      error_class="missing_library")
-    except GpuError as exc:
-        kw = failure_kwargs(exc, xid_on_fail(0, None))
-        kw.update(failed=True)
-        return kw
+    return read_gpu(module, p["gpu_backend"], p["gpu_timeout_s"], nvlink=False, expected_count=p["expected_gpus"])
 
 
 def read_stop(p):
@@ -536,15 +502,19 @@ def gather(module, p):
         if result["root_code"]:
             return result
     if "sglang" in parts:
-        result["args"] = part(module, read_args, p)
-        result["patch"] = part(module, read_patch, p)
+        # SGLang is located once, for the launch args and the NCCL patch plan.
+        package = None if p["nccl_patch_path"] else part(module, locate, p["python"])
+        package = package if package and package.get("package_dir") else None  # not found: each read says why
+        result["args"] = part(module, read_args, p["python"], p["launch_args"], p["host"], p["port"], p["args_mode"],
+                              p["help_timeout_s"], p["extra_speculative_algorithms"], p["extra_choices"], package)
+        result["patch"] = part(module, read_patch, p, package)
     if "host" in parts:
         earlier = p["sglang_read"] or {}
         args, patch = result.get("args", earlier.get("args") or {}), result.get("patch", earlier.get("patch") or {})
         if (p["launcher"] or "").startswith("/"):
             result["launcher"] = dict(path_stat(p["launcher"]), path=p["launcher"])
         result["model_paths"] = model_paths(args, p["path_flags"])
-        result["gpu"] = part(module, read_gpu, p)
+        result["gpu"] = part(module, read_host_gpu, p)
         result["stop_preview"] = p["stop_preview"] if p["stop_preview"] is not None else read_stop(p)
         try:
             result["host"] = measure(measure_options(p, result, patch), run_command=lambda argv: module.run_command(

@@ -564,15 +564,20 @@ def gpufleet_check_root_code(texts, expected_gpus=None):
             "gpus_ok": 0, "gpus_total": total, "gpus": [], "sglang": {}, "driver_version": None}
 
 
+# The keys of one host's verdict (gpufleet_check_verdict's answer); the registered result of gpufleet_check_judge
+# holds them beside the task's own (changed, msg).
+VERDICT_KEYS = ("verdict", "reasons", "gpus_ok", "gpus_total", "gpus", "sglang", "driver_version")
+
+
 def gpufleet_check_fleet(hostvars, targets, fact="fleet_check_result"):
-    """host → verdict for every targeted host, in target order; a host without a verdict is CRIT (its check
-    never finished: unreachable, or a task failed; the run's output names which)."""
+    """host → verdict (:data:`VERDICT_KEYS`) for every targeted host, in target order; a host without a verdict is
+    CRIT (its check never finished: unreachable, or a task failed; the run's output names which)."""
     out = {}
     for host in targets or []:
         hv = hostvars.get(host) if hasattr(hostvars, "get") else None
         result = hv.get(fact) if hv is not None and hasattr(hv, "get") else None
         if isinstance(result, dict) and result.get("verdict"):
-            out[str(host)] = result
+            out[str(host)] = dict((key, result[key]) for key in VERDICT_KEYS if key in result)
         else:
             out[str(host)] = {"verdict": "CRIT", "reasons": [_reason(
                 "CRIT", "unreachable", "no check result: the host could not be reached or its check stopped "

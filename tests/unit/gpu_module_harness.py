@@ -138,3 +138,11 @@ def recorded_process_info():
         out[pid] = {"pid": pid, "ppid": 1, "pgid": pid, "name": name, "cmdline": cmd.strip().split(" "),
                     "user": "root", "create_time": 0.0}
     return out
+
+
+def sglang_on_path(monkeypatch, path):
+    """Start the modules of this test as if their interpreter ran with ``PYTHONPATH=path``: the environment a
+    command they start gets, and the search path of this process (modules find SGLang in their own process when
+    they run on the SGLang interpreter, ``gpufleet_sglang.locate_package(here=True)``)."""
+    monkeypatch.setenv("PYTHONPATH", str(path))
+    monkeypatch.syspath_prepend(str(path))

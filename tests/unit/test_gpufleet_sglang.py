@@ -349,3 +349,70 @@ def test_locate_falls_back_to_installed_metadata_version(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(src), str(meta_dir)]))
     found = locate_sglang(python=sys.executable)
     assert (found["version"], found["version_source"]) == ("0.5.23", "importlib.metadata")
+
+
+# --- the module's own interpreter: SGLang found in this process (locate_package(here=True)) ---------------------
+
+def test_same_interpreter_is_the_same_file_and_the_same_virtualenv(tmp_path):
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import same_interpreter
+    real = os.path.realpath(sys.executable)
+    assert same_interpreter(real, executable=real)
+    link = tmp_path / "bin" / "python3"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    # A link outside any virtualenv starts the same interpreter with the same search path.
+    assert same_interpreter(str(link), executable=real)
+    # A virtualenv's python links to the same file, but starts in another environment (its pyvenv.cfg).
+    (tmp_path / "pyvenv.cfg").write_text("home = %s\n" % os.path.dirname(real))
+    assert not same_interpreter(str(link), executable=real)
+    assert not same_interpreter(str(tmp_path / "no-such-python"), executable=real)
+    assert not same_interpreter("", executable=real) and not same_interpreter(real, executable="")
+
+
+def test_in_process_locate_answers_as_the_started_interpreter_does(tmp_path, monkeypatch):
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import locate_package
+    site = tmp_path / "site"
+    pkg = make_package(site, {"srt/entrypoints/engine.py": FUNCTION})
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.syspath_prepend(str(site))
+    started = []
+
+    def run(argv):
+        started.append(argv)
+        import subprocess
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd="/")
+        return proc.returncode, proc.stdout, proc.stderr
+
+    here = locate_package(sys.executable, run=run, here=True)
+    assert started == [] and here["located"] == "in_process"
+    there = locate_package(sys.executable, run=run)
+    assert started == [locate_argv(sys.executable)] and there["located"] == "interpreter"
+    assert dict(here, located=None) == dict(there, located=None)
+    assert here["package_dir"] == str(pkg) and here["version"] == "0.5.5"
+    # Another interpreter (a virtualenv's, say) is started, here=True or not.
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = %s\n" % os.path.dirname(os.path.realpath(sys.executable)))
+    (venv / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    other = locate_package(str(venv / "bin" / "python"), run=run, here=True)
+    assert started[-1] == locate_argv(str(venv / "bin" / "python")) and other["located"] == "interpreter"
+    assert other["package_dir"] == str(pkg)  # through PYTHONPATH, which that interpreter was started with
+
+
+def test_in_process_locate_skips_the_current_directory_and_reads_metadata_only_when_the_files_name_no_release(
+        tmp_path, monkeypatch):
+    from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import locate_package
+    decoy = tmp_path / "cwd"
+    make_package(decoy, {"srt/server.py": FUNCTION})
+    monkeypatch.chdir(decoy)
+    monkeypatch.syspath_prepend("")
+    with pytest.raises(SGLangLocateError, match="not installed"):
+        locate_package(sys.executable, here=True)
+    src, meta = tmp_path / "src", tmp_path / "meta"
+    make_package(src, {"srt/entrypoints/engine.py": FUNCTION}, version_py=None)
+    (meta / "sglang-0.5.23.dist-info").mkdir(parents=True)
+    (meta / "sglang-0.5.23.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n")
+    monkeypatch.syspath_prepend(str(meta))
+    monkeypatch.syspath_prepend(str(src))
+    found = locate_package(sys.executable, here=True)
+    assert (found["version"], found["version_source"], found["located"]) == ("0.5.23", "importlib.metadata", "in_process")

@@ -5,6 +5,7 @@ import copy
 import importlib.util
 import json
 import pathlib
+import types
 
 import pytest
 
@@ -460,3 +461,44 @@ def test_the_line_said_per_host():
     root = chk.gpufleet_check_root_code(["ansible_python_interpreter /v/bin/python runs as root, but ..."], 8)
     assert chk.gpufleet_check_line(root) == ("CRIT: not checked with become: ansible_python_interpreter /v/bin/python "
                                              "runs as root, but ...")
+
+
+# ------------------------------------------------------------------------------ gpufleet_check_judge
+
+def _judge(task_args, task_vars=None):
+    """Run the gpufleet_check_judge action plugin as the task executor would, with no connection."""
+    from ansible.playbook.task import Task
+    from ansible.playbook.play_context import PlayContext
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar
+    from ansible_collections.gpufleet.fleet.plugins.action.gpufleet_check_judge import ActionModule
+    task = Task()
+    task.action = "gpufleet.fleet.gpufleet_check_judge"
+    task.args = task_args
+    loader = DataLoader()
+    # No host is contacted: a connection without a temporary directory is all the base class looks at.
+    connection = types.SimpleNamespace(_shell=types.SimpleNamespace(tmpdir=None))
+    action = ActionModule(task, connection=connection, play_context=PlayContext(), loader=loader,
+                          templar=Templar(loader), shared_loader_obj=None)
+    return action.run(task_vars=task_vars or {})
+
+
+def test_the_judge_registers_the_verdict_and_its_line_and_the_fleet_keeps_only_the_verdict():
+    unreachable = {"unreachable": True, "msg": "ssh: connect to host h port 22: No route to host"}
+    skipped = {"skipped": True, "skip_reason": "Conditional result was False"}
+    result = _judge({"reads": [unreachable, skipped], "config": {"expected_gpus": 8}})
+    assert result["verdict"] == "CRIT" and result["gpus_total"] == 8 and not result["changed"]
+    assert [r["code"] for r in result["reasons"]] == ["unreachable"]
+    assert result["msg"] == chk.gpufleet_check_line(chk.gpufleet_check_verdict([unreachable], {"expected_gpus": 8}))
+    fleet = chk.gpufleet_check_fleet({"h": {"fleet_check_result": result}}, ["h"])
+    assert set(fleet["h"]) == set(chk.VERDICT_KEYS) and "msg" not in fleet["h"]
+    # A read that returned nothing usable: CRIT check_read_failed, not OK.
+    failed = _judge({"reads": [{"failed": True, "msg": "Timeout (70s) waiting for the module"}]})
+    assert failed["verdict"] == "CRIT" and [r["code"] for r in failed["reasons"]] == ["check_read_failed"]
+    assert "Timeout (70s)" in failed["msg"]
+
+
+def test_the_judge_refuses_an_unknown_argument():
+    from ansible.errors import AnsibleActionFail
+    with pytest.raises(AnsibleActionFail, match="thresholds"):
+        _judge({"reads": [], "thresholds": {}})

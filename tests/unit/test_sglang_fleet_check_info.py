@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from ansible.module_utils.testing import patch_module_args
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_host_reads as host_reads
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_nccl_plan
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_errors import GpuTimeoutError
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils import check as chk
@@ -109,7 +110,7 @@ def test_a_server_that_does_not_answer_gets_no_info_or_args_request(capsys, serv
 def test_a_failed_gpu_read_is_one_failed_part_the_others_are_still_read(capsys, monkeypatch, tmp_path):
     def hung(*args, **kwargs):
         raise GpuTimeoutError("nvidia-smi did not answer within 5 s")
-    monkeypatch.setattr(mod, "read_gpu_info", hung)
+    monkeypatch.setattr(host_reads, "read_gpu_info", hung)
     pid_file = tmp_path / "sglang.pid"
     pid_file.write_text("999999999\n")
     result = run(capsys, {"gather": ["server", "gpu"], "pid_file": str(pid_file), "xid_window_min": 0})
@@ -167,6 +168,30 @@ def test_the_nccl_check_is_the_patch_plan_in_check_mode(tmp_path):
         "nccl_block_missing"]
     bad = gpufleet_nccl_plan.check_block(path=str(engine), env={"NCCL_PROTO": True})
     assert bad["failed"] and "NCCL_PROTO" in bad["msg"] and bad["files"] == []
+
+
+@pytest.mark.realrelease
+def test_one_read_finds_sglang_once_in_its_own_process_for_the_args_and_the_nccl_blocks(capsys, server, monkeypatch):
+    # The module runs on the SGLang interpreter (as on the lab): SGLang is found in the module's process, once,
+    # and both the launch args and the NCCL blocks are judged against that package.
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_sglang
+    from gpu_module_harness import sglang_on_path
+    from support.sglang_wheels import sglang_package_dir
+    pkg = sglang_package_dir("0.5.23")
+    sglang_on_path(monkeypatch, str(pkg.parent))
+    searched = []
+    real = gpufleet_sglang.locate_here
+    monkeypatch.setattr(gpufleet_sglang, "locate_here", lambda: searched.append(1) or real())
+    started = []
+    monkeypatch.setattr(gpufleet_sglang, "locate_argv", lambda python: started.append(python) or [python, "-c", "1"])
+    result = run(capsys, {"gather": ["sglang", "nccl_files"], "url": server, "request_timeout_s": 5,
+                          "python": sys.executable, "launch_args": {"model-path": "/models/m", "tp-size": 8}, "host": "127.0.0.1",
+                          "port": 30000, "nccl_env": {"NCCL_PROTO": "Simple"}})
+    assert searched == [1] and started == []
+    assert result["args"]["sglang_version"] == "0.5.23" and result["args"]["valid"], result["args"]
+    assert os.path.realpath(result["args"]["sglang_path"]) == os.path.realpath(str(pkg))
+    assert result["patch_present"]["sglang_version"] == "0.5.23" and result["patch_present"]["changed"]
+    assert [os.path.relpath(p, str(pkg)) for p in result["patch_present"]["paths"]] == ["srt/entrypoints/engine.py"]
 
 
 def test_uri_result_is_shaped_as_ansible_builtin_uri():

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+from gpu_module_harness import sglang_on_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -431,7 +432,7 @@ def test_bad_env_fails_before_reading_file(tmp_path, capsys):
 
 def test_python_option_locates_the_file_and_release(tmp_path, capsys, monkeypatch):
     path = make_tree(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sglang_on_path(monkeypatch, str(tmp_path / "site"))
     result = run_main(capsys, {"python": sys.executable, "env": ENV})
     assert result["changed"] and result["path"] == str(path) and result["sglang_version"] == VERSION
 
@@ -508,7 +509,7 @@ def make_two_file_tree(tmp_path, worker_source=WORKER_SOURCE):
 def test_python_option_patches_every_file_that_defines_the_function(tmp_path, capsys, monkeypatch):
     engine, worker = make_two_file_tree(tmp_path)
     originals = engine.read_bytes(), worker.read_bytes()
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sglang_on_path(monkeypatch, str(tmp_path / "site"))
     result = run_main(capsys, {"python": sys.executable, "env": ENV})
     assert result["_rc"] == 0 and result["changed"]
     assert result["path"] == str(engine) and result["paths"] == [str(engine), str(worker)]
@@ -531,7 +532,7 @@ def test_python_option_patches_every_file_that_defines_the_function(tmp_path, ca
 
 def test_check_mode_diff_lists_every_file(tmp_path, capsys, monkeypatch):
     engine, worker = make_two_file_tree(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sglang_on_path(monkeypatch, str(tmp_path / "site"))
     result = run_main(capsys, {"python": sys.executable, "env": ENV, "previous_dir": str(tmp_path / "prev")},
                       check_mode=True, diff=True)
     assert [d["before_header"] for d in result["diff"]] == [str(engine), str(worker)]
@@ -545,7 +546,7 @@ def test_check_mode_diff_lists_every_file(tmp_path, capsys, monkeypatch):
 def test_previous_dir_keeps_each_file_under_its_package_path(tmp_path, capsys, monkeypatch):
     engine, worker = make_two_file_tree(tmp_path)
     originals = engine.read_bytes(), worker.read_bytes()
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sglang_on_path(monkeypatch, str(tmp_path / "site"))
     prev = tmp_path / "state" / "nccl-patch-prev"
     result = run_main(capsys, {"python": sys.executable, "env": ENV, "previous_dir": str(prev)})
     assert result["_rc"] == 0 and result["previous"] is None
@@ -558,7 +559,7 @@ def test_previous_dir_keeps_each_file_under_its_package_path(tmp_path, capsys, m
 
 def test_one_previous_file_for_two_changing_files_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
     engine, worker = make_two_file_tree(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sglang_on_path(monkeypatch, str(tmp_path / "site"))
     prev = tmp_path / "engine.py.prev"
     result = run_main(capsys, {"python": sys.executable, "env": ENV, "previous_file": str(prev)})
     assert result["failed"] and "use previous_dir" in result["msg"] and "No file was changed" in result["msg"]
@@ -567,7 +568,7 @@ def test_one_previous_file_for_two_changing_files_is_refused_before_anything_is_
 
 def test_an_ambiguous_second_file_leaves_the_first_untouched(tmp_path, capsys, monkeypatch):
     engine, worker = make_two_file_tree(tmp_path, worker_source=SOURCE.replace(ANCHOR, ANCHOR + ANCHOR))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sglang_on_path(monkeypatch, str(tmp_path / "site"))
     result = run_main(capsys, {"python": sys.executable, "env": ENV})
     assert result["failed"] and str(worker) in result["msg"] and "2 times" in result["msg"]
     assert engine.read_text() == SOURCE
@@ -580,7 +581,7 @@ def test_an_ambiguous_second_file_leaves_the_first_untouched(tmp_path, capsys, m
 def test_a_failed_write_of_the_second_file_puts_the_first_back(tmp_path, capsys, monkeypatch):
     engine, worker = make_two_file_tree(tmp_path)
     originals = engine.read_bytes(), worker.read_bytes()
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sglang_on_path(monkeypatch, str(tmp_path / "site"))
     real_write = patch_module.write_atomic
 
     def failing_write(module, path, data):
@@ -605,7 +606,7 @@ def test_every_changed_file_gets_its_own_backup_and_stale_bytecode_removed(tmp_p
     cache.mkdir()
     for stem in ("engine", "worker_launch"):
         (cache / ("%s.cpython-311.pyc" % stem)).write_bytes(b"old")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sglang_on_path(monkeypatch, str(tmp_path / "site"))
     result = run_main(capsys, {"python": sys.executable, "env": ENV, "backup": True})
     assert result["backup_file"] == result["files"][0]["backup_file"]
     for original, entry in zip(originals, result["files"]):

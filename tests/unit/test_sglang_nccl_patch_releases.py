@@ -15,6 +15,7 @@ import shutil
 import sys
 
 import pytest
+from gpu_module_harness import sglang_on_path
 
 from ansible.module_utils import basic
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang import find_set_envs_files
@@ -158,7 +159,7 @@ def test_upstream_main_files_are_both_patched_hold_every_value_and_unpatch_byte_
     for name in ("engine.py", "worker_launch.py"):
         shutil.copyfile(os.path.join(UPSTREAM_MAIN, name), str(pkg / "srt" / "entrypoints" / name))
         originals[name] = (pkg / "srt" / "entrypoints" / name).read_bytes()
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    sglang_on_path(monkeypatch, str(tmp_path / "site"))
     first = _main(capsys, {"python": sys.executable, "env": ENV})
     assert not first.get("failed"), first.get("msg")
     assert first["changed"] and first["sglang_version"] == "0.5.24.dev0"

@@ -50,7 +50,7 @@ def run_main(args, capsys):
 
 
 def no_gpu(monkeypatch):
-    monkeypatch.setattr(mod, "read_gpu", lambda module, p: mod.failed("no GPUs here", error_class="no_devices"))
+    monkeypatch.setattr(mod, "read_host_gpu", lambda module, p: mod.failed("no GPUs here", error_class="no_devices"))
 
 
 def test_root_code_found_first_stops_the_read(monkeypatch, capsys):

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from ansible.module_utils.testing import patch_module_args
-from gpu_module_harness import load_module
+from gpu_module_harness import load_module, sglang_on_path
 from support.sglang_wheels import sglang_package_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,7 +35,7 @@ def run_main(args, capsys):
 def test_python_whose_path_has_the_release_is_located_and_its_version_read(monkeypatch, capsys):
     pkg = sglang_package_dir("0.5.23")
     # find_spec("sglang") in a child interpreter finds the extracted wheel through PYTHONPATH
-    monkeypatch.setenv("PYTHONPATH", str(pkg.parent))
+    sglang_on_path(monkeypatch, str(pkg.parent))
     rc, out = run_main({"python": sys.executable, "launch_args": EAGLE3, "host": "127.0.0.1", "port": 30000},
                        capsys)
     assert rc == 0, out
@@ -72,7 +72,7 @@ def test_plugin_speculative_algorithm_can_be_allowed(capsys):
 
 
 def test_python_without_sglang_fails_saying_what_to_set(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sglang_on_path(monkeypatch, str(tmp_path))
     monkeypatch.chdir(tmp_path)
     rc, out = run_main({"python": sys.executable, "launch_args": {}}, capsys)
     assert rc == 1
@@ -137,7 +137,7 @@ def argparse_help():
 
 def test_auto_falls_back_to_help_when_the_source_has_no_definitions(tmp_path, monkeypatch, capsys):
     pkg = fake_release(tmp_path, "# a future layout this reader does not know\n")
-    monkeypatch.setenv("PYTHONPATH", str(pkg.parent))
+    sglang_on_path(monkeypatch, str(pkg.parent))
     python = fake_python(tmp_path, argparse_help())
     args = {"model-path": "/m", "tp": 2, "trust-remote-code": True, "speculative-algorithm": "EAGLE3"}
     rc, out = run_main({"python": python, "launch_args": args, "port": 31000}, capsys)
@@ -153,7 +153,7 @@ def test_auto_falls_back_to_help_when_the_source_has_no_definitions(tmp_path, mo
 
 def test_auto_falls_back_to_help_when_server_args_is_unparsable(tmp_path, monkeypatch, capsys):
     pkg = fake_release(tmp_path, "def broken(:\n")
-    monkeypatch.setenv("PYTHONPATH", str(pkg.parent))
+    sglang_on_path(monkeypatch, str(pkg.parent))
     python = fake_python(tmp_path, argparse_help())
     rc, out = run_main({"python": python, "launch_args": {"model-path": "/m", "tp": 2}}, capsys)
     assert rc == 0 and out["mode_used"] == "help" and out["valid"] is True
@@ -172,7 +172,7 @@ def test_static_mode_refuses_a_source_without_definitions(tmp_path, capsys):
 
 def test_help_mode_that_cannot_import_sglang_fails_with_its_output(tmp_path, monkeypatch, capsys):
     pkg = fake_release(tmp_path, "x = 1\n")
-    monkeypatch.setenv("PYTHONPATH", str(pkg.parent))
+    sglang_on_path(monkeypatch, str(pkg.parent))
     rc, out = run_main({"python": sys.executable, "mode": "help"}, capsys)
     assert rc == 1
     assert "help mode imports sglang" in out["msg"]

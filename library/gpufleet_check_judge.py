@@ -1,0 +1,1 @@
+../plugins/modules/gpufleet_check_judge.py
