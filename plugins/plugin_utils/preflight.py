@@ -16,6 +16,7 @@ user, when that differs; else absent). ``settings``: see :data:`SETTINGS`.
 """
 from __future__ import annotations
 
+import json
 import re
 
 from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet import gpufleet_lock_holder_gone
@@ -25,6 +26,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory
     unreadable_refusal,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_nccl_owned import nccl_conflicts
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_unit_values import unit_value_problems
 
 # The role's variables the decision reads (sglang_preflight_<name>), with the value used when one is missing.
 SETTINGS = {
@@ -50,6 +52,112 @@ def as_bool(value):
 def text(value):
     """Jinja's ``~`` of one value."""
     return "" if value is None else str(value)
+
+
+_PORT_RE = re.compile(r"^[0-9]+$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_KEY_FLAG_RE = re.compile(r"^(admin[-_])?api[-_]key$")
+# sglang_launch_systemd_restart values the unit may take (YAML's no is False, its str "False").
+_RESTART_POLICIES = ("no", "on-failure", "False", "false")
+_UNSET = object()
+
+
+def _json(value):
+    """Jinja's ``value | string | to_json``: the value's text as a JSON string."""
+    return json.dumps(text(value) if value is not None else "None")
+
+
+def _is_sequence(value):
+    return isinstance(value, (list, tuple))
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def variable_problems(v):
+    """The inventory problems that refuse a host before anything is read (preflight's first step).
+
+    ``v``: the role's values by the name a user sets (``sglang_launch_args``, ``sglang_python``, ``sglang_launcher``,
+    ``sglang_port``, ``sglang_host``, ``sglang_launch_method``, ``sglang_state_dir``, ``sglang_service_user``,
+    ``sglang_nccl_env``, ``sglang_api_key``, ``gpufleet_preflight_gpu_holders``, ``gpu_memory_wait_max_used_mib``,
+    ``sglang_preflight_min_disk_free_mib``, ``sglang_preflight_min_shm_free_mib``, ``sglang_launch_systemd_restart``,
+    ``sglang_launch_stop_timeout_s`` (absent or None: not set), and ``unit_values``: the values rendered into the
+    unit or used as paths, checked by :func:`unit_value_problems`). Returns the messages (list of str), in a fixed
+    order; none of them shows the API key.
+    """
+    out = []
+    launch_args = v.get("sglang_launch_args")
+    if not (isinstance(launch_args, dict) and launch_args):
+        out.append("sglang_launch_args is %s: give the SGLang flags as a mapping, at least model-path (e.g. "
+                   "{model-path: /models/Llama-3.1-8B-Instruct, tp-size: 8})"
+                   % ("empty or null" if not launch_args else "not a mapping"))
+    python = v.get("sglang_python")
+    if not (isinstance(python, str) and python):
+        out.append("sglang_python is not set: give the interpreter of the SGLang virtualenv, e.g. "
+                   "/opt/sglang/.venv/bin/python")
+    launcher = v.get("sglang_launcher")
+    if not (_is_sequence(launcher) and launcher and all(isinstance(a, str) for a in launcher)):
+        out.append("sglang_launcher must be a non-empty list of strings, the argv prefix that starts SGLang, e.g. "
+                   "[/opt/sglang/.venv/bin/python, -m, sglang.launch_server]")
+    port = v.get("sglang_port")
+    if not (not isinstance(port, bool) and _PORT_RE.match(text(port)) and 1 <= int(text(port)) <= 65535):
+        out.append("sglang_port must be a port number between 1 and 65535, got " + _json(port))
+    host = v.get("sglang_host")
+    if not (isinstance(host, str) and host):
+        out.append("sglang_host must be the bind address, e.g. 127.0.0.1, got " + _json(host))
+    method = v.get("sglang_launch_method")
+    if method not in ("systemd", "process"):
+        out.append("sglang_launch_method must be systemd or process, got " + _json(method))
+    state_dir = v.get("sglang_state_dir")
+    if not (isinstance(state_dir, str) and state_dir.startswith("/")):
+        out.append("sglang_state_dir must be an absolute path, got " + _json(state_dir))
+    user = v.get("sglang_service_user")
+    if not isinstance(user, str):
+        out.append("sglang_service_user must be a user name, got " + _json(user))
+    if method == "systemd" and not user:
+        out.append("sglang_service_user is not set: the systemd method runs the server as this unprivileged user")
+    stop_timeout = v.get("sglang_launch_stop_timeout_s", _UNSET)
+    if stop_timeout is not _UNSET and stop_timeout is not None:
+        out.append("sglang_launch_stop_timeout_s is no longer used: TimeoutStopSec= of the unit is "
+                   "sglang_stop_grace_s, the one stop grace of the stop role and the unit; set sglang_stop_grace_s "
+                   "(got %s) and remove sglang_launch_stop_timeout_s" % _json(stop_timeout))
+    restart = v.get("sglang_launch_systemd_restart", "on-failure")
+    if text(restart if restart is not None else "on-failure") not in _RESTART_POLICIES:
+        out.append('sglang_launch_systemd_restart must be "no" or on-failure, got %s: other policies restart a server '
+                   "that gpufleet or SGLang itself shut down" % _json(restart))
+    nccl_env = v.get("sglang_nccl_env")
+    if not isinstance(nccl_env, dict):
+        out.append("sglang_nccl_env must be a mapping of variable name to value, e.g. {NCCL_PROTO: LL}")
+    bad_names = [text(k) for k in (nccl_env or {}) if not _ENV_NAME_RE.match(text(k))] \
+        if isinstance(nccl_env, dict) else []
+    if bad_names:
+        out.append("sglang_nccl_env has invalid variable names %s: names must match ^[A-Za-z_][A-Za-z0-9_]*$ "
+                   "(letters, digits, underscore; not starting with a digit)" % ", ".join(bad_names))
+    key_flags = [text(k) for k in launch_args if _KEY_FLAG_RE.search(text(k))] \
+        if isinstance(launch_args, dict) else []
+    if key_flags:
+        out.append("%s in sglang_launch_args would show the key in task output, the unit file and the argv: remove "
+                   "it and set sglang_api_key instead, encrypted with ansible-vault (e.g. ansible-vault "
+                   "encrypt_string --name sglang_api_key); admin-api-key is not supported by gpufleet"
+                   % ", ".join(key_flags))
+    if not isinstance(v.get("sglang_api_key"), str):
+        out.append("sglang_api_key must be text, one bearer token; the value is not shown here")
+    holders = v.get("gpufleet_preflight_gpu_holders")
+    if holders not in ("refuse", "warn"):
+        out.append("gpufleet_preflight_gpu_holders must be refuse or warn, got " + _json(holders))
+    max_used = v.get("gpu_memory_wait_max_used_mib")
+    if isinstance(max_used, bool) or not _PORT_RE.match(text(max_used)):
+        out.append("gpu_memory_wait_max_used_mib must be a number of MiB (0 or more), got " + _json(max_used))
+    disk, shm = (_number(v.get(k)) for k in ("sglang_preflight_min_disk_free_mib",
+                                              "sglang_preflight_min_shm_free_mib"))
+    if disk is None or shm is None or disk < 0 or shm < 0:
+        out.append("sglang_preflight_min_disk_free_mib and sglang_preflight_min_shm_free_mib must not be negative")
+    out.extend(unit_value_problems(v.get("unit_values") or {}, names=list(v.get("unit_values") or {})))
+    return out
 
 
 def sglang_problems(args, patch, s):

@@ -1,4 +1,6 @@
 """plugins/plugin_utils/preflight.py: the restart preflight's decision from one host's reads (no Ansible, no host)."""
+import pytest
+
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils import preflight as pf
 
 ARGS = {"valid": True, "sglang_version": "0.5.23", "errors": [], "dest_values": {}, "resolved": {}}
@@ -126,3 +128,72 @@ def test_sglang_refusals_keep_their_words():
     d = pf.judge(reads(login={"args": {"failed": True, "msg": "no sglang"}}), SETTINGS)
     assert d["problems"][0] == "SGLang not usable: no sglang"
     assert len(d["refusal"].split(" | ")) == 1 or d["refusal"].startswith("preflight refused the host")
+
+
+# ------------------------------------------------------------------------------ variable_problems
+
+def _values(**changed):
+    values = {
+        "sglang_launch_args": {"model-path": "/models/m", "tp-size": 8}, "sglang_python": "/opt/sglang/bin/python",
+        "sglang_launcher": ["/opt/sglang/bin/python", "-m", "sglang.launch_server"], "sglang_port": 30000,
+        "sglang_host": "127.0.0.1", "sglang_launch_method": "systemd", "sglang_state_dir": "/var/lib/gpufleet",
+        "sglang_service_user": "sglang", "sglang_launch_stop_timeout_s": None,
+        "sglang_launch_systemd_restart": "on-failure", "sglang_nccl_env": {"NCCL_PROTO": "LL"},
+        "sglang_api_key": "", "gpufleet_preflight_gpu_holders": "refuse", "gpu_memory_wait_max_used_mib": 1024,
+        "sglang_preflight_min_disk_free_mib": 1024, "sglang_preflight_min_shm_free_mib": 512,
+        "unit_values": {"sglang_state_dir": "/var/lib/gpufleet", "sglang_host": "127.0.0.1"},
+    }
+    values.update(changed)
+    return values
+
+
+def test_sound_variables_have_no_problem():
+    assert pf.variable_problems(_values()) == []
+    # YAML's no (False) is a restart policy the unit takes; the process method needs no service user.
+    assert pf.variable_problems(_values(sglang_launch_systemd_restart=False, sglang_launch_method="process",
+                                        sglang_service_user="", sglang_port="8080")) == []
+
+
+@pytest.mark.parametrize("changed, expected", [
+    ({"sglang_launch_args": {}}, "sglang_launch_args is empty or null: give the SGLang flags as a mapping, at least "
+     "model-path (e.g. {model-path: /models/Llama-3.1-8B-Instruct, tp-size: 8})"),
+    ({"sglang_launch_args": ["--tp-size", "8"]}, "sglang_launch_args is not a mapping: give the SGLang flags"),
+    ({"sglang_python": ""}, "sglang_python is not set: give the interpreter of the SGLang virtualenv"),
+    ({"sglang_launcher": "/opt/sglang/bin/python -m sglang.launch_server"}, "sglang_launcher must be a non-empty list"),
+    ({"sglang_launcher": ["/opt/sglang/bin/python", 3]}, "sglang_launcher must be a non-empty list of strings"),
+    ({"sglang_port": "abc"}, 'sglang_port must be a port number between 1 and 65535, got "abc"'),
+    ({"sglang_port": 70000}, 'sglang_port must be a port number between 1 and 65535, got "70000"'),
+    ({"sglang_port": 0}, 'got "0"'),
+    ({"sglang_host": ""}, 'sglang_host must be the bind address, e.g. 127.0.0.1, got ""'),
+    ({"sglang_launch_method": "docker"}, 'sglang_launch_method must be systemd or process, got "docker"'),
+    ({"sglang_state_dir": "state"}, 'sglang_state_dir must be an absolute path, got "state"'),
+    ({"sglang_service_user": None, "sglang_launch_method": "process"}, 'sglang_service_user must be a user name, got "None"'),
+    ({"sglang_service_user": ""}, "sglang_service_user is not set: the systemd method runs the server as this "
+     "unprivileged user"),
+    ({"sglang_launch_stop_timeout_s": 30}, 'sglang_launch_stop_timeout_s is no longer used: TimeoutStopSec= of the unit '
+     'is sglang_stop_grace_s, the one stop grace of the stop role and the unit; set sglang_stop_grace_s (got "30") and '
+     "remove sglang_launch_stop_timeout_s"),
+    ({"sglang_launch_systemd_restart": "always"}, 'sglang_launch_systemd_restart must be "no" or on-failure, got '
+     '"always": other policies restart'),
+    ({"sglang_nccl_env": "NCCL_PROTO=LL"}, "sglang_nccl_env must be a mapping of variable name to value"),
+    ({"sglang_nccl_env": {"NCCL PROTO": "LL", "1X": "1", "OK_1": "1"}}, "sglang_nccl_env has invalid variable names "
+     "NCCL PROTO, 1X: names must match"),
+    ({"sglang_launch_args": {"model-path": "/m", "api-key": "sk-1", "admin_api_key": "sk-2"}},
+     "api-key, admin_api_key in sglang_launch_args would show the key in task output"),
+    ({"sglang_api_key": ["a", "b"]}, "sglang_api_key must be text, one bearer token; the value is not shown here"),
+    ({"gpufleet_preflight_gpu_holders": "ignore"}, 'gpufleet_preflight_gpu_holders must be refuse or warn, got "ignore"'),
+    ({"gpu_memory_wait_max_used_mib": -1}, 'gpu_memory_wait_max_used_mib must be a number of MiB (0 or more), got "-1"'),
+    ({"sglang_preflight_min_shm_free_mib": -5}, "sglang_preflight_min_disk_free_mib and "
+     "sglang_preflight_min_shm_free_mib must not be negative"),
+    ({"unit_values": {"sglang_host": "127.0.0.1\nExecStartPre=/bin/sh"}}, "sglang_host"),
+])
+def test_each_unsound_variable_is_one_problem_naming_it(changed, expected):
+    problems = pf.variable_problems(_values(**changed))
+    assert len(problems) == 1, problems
+    assert expected in problems[0]
+    assert "sk-1" not in " ".join(problems) and "sk-2" not in " ".join(problems)
+
+
+def test_problems_come_in_a_fixed_order_and_all_at_once():
+    problems = pf.variable_problems(_values(sglang_port="x", sglang_python="", sglang_launch_method="lxc"))
+    assert [p.split(" ")[0] for p in problems] == ["sglang_python", "sglang_port", "sglang_launch_method"]
