@@ -528,7 +528,6 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_host_measu
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_managed_server import (  # noqa: F401 pylint: disable=unused-import
     pid_running,
-    read_pid_file,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_trust import root_code_check  # noqa: F401 pylint: disable=unused-import
 

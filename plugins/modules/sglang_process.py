@@ -599,8 +599,10 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_bur
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (
     worker_env_options, candidate_pids, inspect_workers, worker_report)
-# The start and the port check are shared with sglang_stop's start_after (module_utils gpufleet_spawn).
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_pid_file import (
+    MISSING, UNREADABLE, read_pid_file)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module, redact_text
+# The start and the port check are shared with sglang_stop's start_after (module_utils gpufleet_spawn).
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_spawn import (
     WILDCARDS, describe_listeners, log_size, port_listeners, start_server, write_file_atomic)
 
@@ -612,20 +614,17 @@ def running_pid(pid_file):
 
     Liveness: /proc/<pid> exists and is not a zombie; its start time (field 22 of /proc/<pid>/stat, in clock
     ticks since boot, proc(5)) is no later than the pid file's mtime plus a few seconds.
+    A missing, empty or garbage file names no process; an unreadable one raises OSError.
     """
-    try:
-        with open(pid_file) as handle:
-            text = handle.read().strip()
-        mtime = os.stat(pid_file).st_mtime
-    except FileNotFoundError:
+    read = read_pid_file(pid_file)
+    if read.problem == UNREADABLE:
+        raise OSError(read.error)
+    if not read.ok:
         return None
-    if not text.isdigit():
+    started = process_start_epoch(read.pid)
+    if started is None or started > read.mtime + PID_REUSE_SLACK_S:
         return None
-    pid = int(text)
-    started = process_start_epoch(pid)
-    if started is None or started > mtime + PID_REUSE_SLACK_S:
-        return None
-    return pid
+    return read.pid
 
 
 def process_start_epoch(pid):
@@ -1039,14 +1038,12 @@ def find_pid(p, run_command):
     if p["pid"]:
         return p["pid"]
     if p["pid_file"]:
-        try:
-            with open(p["pid_file"]) as handle:
-                text = handle.read().strip()
-        except OSError as exc:
-            raise PidError("cannot read the pid file %s (%s): was the server started?" % (p["pid_file"], exc))
-        if not text.isdigit():
-            raise PidError("pid file %s does not hold a pid: %r" % (p["pid_file"], text[:80]))
-        return int(text)
+        read = read_pid_file(p["pid_file"])
+        if read.problem in (MISSING, UNREADABLE):
+            raise PidError("cannot read the pid file %s (%s): was the server started?" % (p["pid_file"], read.error))
+        if not read.ok:
+            raise PidError(read.error)
+        return read.pid
     props = unit_show(run_command, p["unit"])
     main_pid = int(props.get("MainPID") or 0)
     if main_pid <= 0:
@@ -1149,7 +1146,11 @@ def run_started(module, p, result):
     if result["created_dirs"]:
         result["changed"] = True
 
-    existing = running_pid(p["pid_file"])
+    try:
+        existing = running_pid(p["pid_file"])
+    except OSError as exc:
+        module.fail_json(msg="cannot read the pid file %s (%s): nothing was started; check its owner and mode"
+                         % (p["pid_file"], exc), **result)
     if existing is not None:
         result["pid"] = existing
         module.exit_json(msg="already running (pid %d from %s)" % (existing, p["pid_file"]), **result)

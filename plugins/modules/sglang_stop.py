@@ -495,7 +495,6 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_stop_plan 
     protected_pids,
     psutil,
     read_argv,
-    read_pid_file,
     read_stat,
     runs_sglang,
     select_leftovers,
