@@ -24,10 +24,11 @@ try:
 except ImportError:  # reported by the calling module with missing_required_lib("psutil")
     psutil = None
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_ports import (  # noqa: F401 pylint: disable=unused-import
+    WILDCARDS, addresses_overlap, tcp_listeners)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv
 
 REAPER_COMM = b"gpufleet-reaper"
-WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def build_env(env, inherit, base=None):
@@ -184,18 +185,6 @@ def start_reaped(argv, env, chdir, log_file, exit_file):
     return answer["pid"]
 
 
-def addresses_overlap(bind_host, listen_ip):
-    """True when a socket listening on ``listen_ip`` keeps a server from binding ``bind_host`` on the same port.
-
-    Wildcards (0.0.0.0, ::) overlap every address; IPv4-mapped IPv6 (::ffff:a.b.c.d) is compared as IPv4.
-    """
-    def norm(ip):
-        ip = (ip or "").strip("[]")
-        return ip[7:] if ip.lower().startswith("::ffff:") else ip
-    a, b = norm(bind_host), norm(listen_ip)
-    return a in WILDCARDS or b in WILDCARDS or a == b
-
-
 def _describe_pid(pid):
     """(user, cmdline) of ``pid`` via psutil; ("?", "?") when it cannot be read."""
     try:
@@ -210,15 +199,13 @@ def _describe_pid(pid):
 def port_listeners(port, bind_host):
     """Processes listening on TCP ``port`` at an address overlapping ``bind_host``.
 
-    Source: psutil.net_connections("tcp") (the /proc/net/tcp{,6} sockets mapped to pids through /proc/*/fd).
+    Source: gpufleet_ports.tcp_listeners (psutil); overlap: gpufleet_ports.addresses_overlap.
     Returns a list of {"pid" (int or None when the socket's owner is not visible: another user's process and
     no root), "user", "cmdline", "address"}.
     """
     found = []
     seen = set()
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
-            continue
+    for conn in tcp_listeners(port):
         if not addresses_overlap(bind_host, conn.laddr.ip):
             continue
         key = (conn.pid, conn.laddr.ip)

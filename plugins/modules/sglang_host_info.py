@@ -505,7 +505,6 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_host_measu
     SEGMENT_PATTERNS,
     WILDCARDS,
     MeasureError,
-    _conflicts,
     _why_not,
     cgroup_of,
     dir_access,

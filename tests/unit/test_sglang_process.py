@@ -375,14 +375,6 @@ def test_ready_on_a_unit_whose_crashed_server_was_already_restarted_does_not_mak
     assert "scheduler failed while loading the model" in first
 
 
-def test_addresses_overlap_with_wildcards_and_mapped_ipv4():
-    assert spawn.addresses_overlap("127.0.0.1", "0.0.0.0")
-    assert spawn.addresses_overlap("0.0.0.0", "10.0.0.5")
-    assert spawn.addresses_overlap("127.0.0.1", "::ffff:127.0.0.1")
-    assert spawn.addresses_overlap("::", "127.0.0.1")
-    assert not spawn.addresses_overlap("127.0.0.1", "10.0.0.5")
-
-
 def test_log_tail_from_an_offset_and_after_truncation(tmp_path):
     log = tmp_path / "s.log"
     log.write_text("old 1\nold 2\nnew 1\nnew 2\n")
