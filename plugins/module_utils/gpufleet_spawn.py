@@ -12,6 +12,7 @@ Everything here works without Ansible; psutil is needed by :func:`port_listeners
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -29,6 +30,31 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_ports impo
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv
 
 REAPER_COMM = b"gpufleet-reaper"
+
+# The options of one server start: sglang_process's top-level options and sglang_stop's start_after suboptions
+# (argument_spec; their documentation is the doc fragment gpufleet.fleet.sglang_start). Use start_options().
+START_OPTIONS = dict(
+    argv=dict(type="list", elements="str"),
+    api_key=dict(type="str", no_log=True),
+    env=dict(type="dict", default={}),
+    inherit_env=dict(type="bool", default=True),
+    chdir=dict(type="path"),
+    log_file=dict(type="path"),
+    pid_file=dict(type="path"),
+    exit_file=dict(type="path"),
+    port=dict(type="int"),
+    host=dict(type="str", default="127.0.0.1"),
+)
+# Required where the start is the option's only purpose (start_after); sglang_process requires them per state.
+START_REQUIRED = ("argv", "log_file", "pid_file", "port")
+
+
+def start_options(required=()):
+    """A fresh copy of :data:`START_OPTIONS` (an argument_spec) with the options named in ``required`` required."""
+    spec = copy.deepcopy(START_OPTIONS)
+    for name in required:
+        spec[name]["required"] = True
+    return spec
 
 
 def build_env(env, inherit, base=None):

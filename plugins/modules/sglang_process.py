@@ -65,55 +65,19 @@ options:
         the workers' environment and looks at the server's socket; V(port_free) checks O(port); V(recorded)
         writes the launch record O(record) to O(record_file).
       - Stopping is the C(sglang_stop) module's job.
+      - "The start options (O(argv), O(log_file), O(pid_file), O(port), O(host), ...) are shared with
+        M(gpufleet.fleet.sglang_stop)'s O(gpufleet.fleet.sglang_stop#module:start_after). V(started) needs O(argv),
+        O(log_file) and O(pid_file); V(ready), V(verified) and V(port_free) need O(port). V(ready) and V(verified)
+        name the server by O(pid), else O(pid_file), else O(unit), and connect to O(host) (V(0.0.0.0) and V(::) are
+        probed on 127.0.0.1); pass O(api_key) to V(ready) too when the server has a key (so no log line shows it),
+        and V(verified) sends it as the bearer token of the O(generate) request (header C(Authorization))."
     type: str
     choices: [started, ready, verified, port_free, recorded]
     default: started
-  argv:
-    description: Command and arguments, one element each (C(sglang_launcher) + rendered flags). Required for V(started).
-    type: list
-    elements: str
-  api_key:
-    description:
-      - SGLang's C(--api-key). With V(started) it is appended to O(argv) as C(--api-key KEY) only when the
-        process is started. A no_log option, so Ansible masks the value in this task's arguments and result
-        (RV(argv) never holds it; a log tail or progress line quoting it shows C(********)), so pass it to
-        V(ready) too when the server has a key. With V(verified) it is sent as the bearer token of the
-        O(generate) request (header C(Authorization)).
-      - It still is in the server's command line, which C(ps) shows to every user of the host (SGLang 0.5.23
-        reads the key only from its arguments).
-    type: str
-  env:
-    description: Variables added to (and overriding) the inherited environment, e.g. the NCCL set.
-    type: dict
-    default: {}
-  inherit_env:
-    description: Start from this module's environment (PATH, HOME, …); false starts from an empty one.
-    type: bool
-    default: true
-  chdir:
-    description: Working directory of the process.
-    type: path
-  log_file:
-    description:
-      - File that receives stdout and stderr (appended). Required for V(started).
-      - "Created with mode 0640; an existing one loses its group-write and other bits (SGLang logs its API key
-        there)."
-    type: path
   log_offset:
     description: With V(ready), byte offset in O(log_file) where this launch's lines begin (RV(log_offset) of the start).
     type: int
     default: 0
-  pid_file:
-    description:
-      - File that receives the pid (written atomically through a temporary file and rename). Required for
-        V(started); with V(ready) one way to name the server (O(pid) wins).
-    type: path
-  exit_file:
-    description:
-      - File where the reaper writes the server's exit status as JSON (C(pid), C(returncode), C(started_at),
-        C(ended_at); epoch seconds).
-      - Default O(pid_file) with C(.exit) appended.
-    type: path
   pid:
     description: With V(ready), the launched server's pid.
     type: int
@@ -122,18 +86,6 @@ options:
       - With V(ready), a systemd unit whose C(MainPID) is the server (C(systemctl show)); its C(ExecMainStatus)
         is the exit code when it died.
     type: str
-  port:
-    description:
-      - The server's TCP port (SGLang C(--port)). With V(started), nothing may listen on it before the start.
-        Required for V(ready) and V(port_free).
-    type: int
-  host:
-    description:
-      - Address the server binds (C(--host)); readiness connects there (V(0.0.0.0)/V(::) are probed on
-        127.0.0.1). A listener on the same port and an overlapping address (the same one or a wildcard)
-        counts as holding the port.
-    type: str
-    default: 127.0.0.1
   url:
     description:
       - With V(ready), a URL that must answer 200 (GET), e.g. SGLang's generate-based C(/health_generate).
@@ -301,6 +253,7 @@ options:
     type: bool
     default: true
 extends_documentation_fragment:
+  - gpufleet.fleet.sglang_start
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -604,7 +557,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_pid_file i
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module, redact_text
 # The start and the port check are shared with sglang_stop's start_after (module_utils gpufleet_spawn).
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_spawn import (
-    WILDCARDS, describe_listeners, log_size, port_listeners, start_server, write_file_atomic)
+    WILDCARDS, describe_listeners, log_size, port_listeners, start_options, start_server, write_file_atomic)
 
 PID_REUSE_SLACK_S = 5.0
 
@@ -1284,19 +1237,9 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             state=dict(type="str", default="started", choices=["started", "ready", "verified", "port_free", "recorded"]),
-            argv=dict(type="list", elements="str"),
-            api_key=dict(type="str", no_log=True),
-            env=dict(type="dict", default={}),
-            inherit_env=dict(type="bool", default=True),
-            chdir=dict(type="path"),
-            log_file=dict(type="path"),
             log_offset=dict(type="int", default=0),
-            pid_file=dict(type="path"),
-            exit_file=dict(type="path"),
             pid=dict(type="int"),
             unit=dict(type="str"),
-            port=dict(type="int"),
-            host=dict(type="str", default="127.0.0.1"),
             url=dict(type="str"),
             timeout_s=dict(type="float", default=900),
             slice_s=dict(type="float", default=10),
@@ -1327,6 +1270,7 @@ def main():
             )),
             worker_env=dict(type="dict", options=worker_env_options()),
             owner=dict(type="bool", default=True),
+            **start_options()  # argv, api_key, env, ..., port, host: shared with sglang_stop's start_after
         ),
         required_together=[("lock_dir", "lock_owner")],
         required_if=[("state", "started", ["argv", "log_file", "pid_file"]),
