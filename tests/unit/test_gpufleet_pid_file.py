@@ -1,19 +1,14 @@
 """module_utils/gpufleet_pid_file.py: the one pid-file reader, and what each of its callers makes of each case."""
-import importlib.util
 import os
-import pathlib
 
 import pytest
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_environ as environ
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_managed_server as managed
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_pid_file as P
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_process_states as proc_states
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_stop_plan as stop_plan
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("sglang_process", ROOT / "plugins" / "modules" / "sglang_process.py")
-proc_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(proc_mod)
 
 ME = os.getpid()
 
@@ -148,12 +143,12 @@ def test_worker_read_needs_a_pid(tmp_path, case):
 
 @pytest.mark.parametrize("case", sorted(FIND_PID))
 def test_ready_and_verified_need_a_pid(tmp_path, case):
-    got = outcome(lambda: proc_mod.find_pid({"pid": None, "pid_file": pid_file(tmp_path, case)}, None),
-                  proc_mod.PidError)
+    got = outcome(lambda: proc_states.find_pid({"pid": None, "pid_file": pid_file(tmp_path, case)}, None),
+                  proc_states.PidError)
     check(FIND_PID[case], got)
 
 
 @pytest.mark.parametrize("case", sorted(RUNNING))
 def test_launch_counts_only_a_live_pid_as_running(tmp_path, case):
-    got = outcome(lambda: proc_mod.running_pid(pid_file(tmp_path, case)), OSError)
+    got = outcome(lambda: proc_states.running_pid(pid_file(tmp_path, case)), OSError)
     check(RUNNING[case], got)
