@@ -19,6 +19,7 @@
 """
 from __future__ import absolute_import, division, print_function
 
+import functools
 import ipaddress
 import socket
 
@@ -47,16 +48,18 @@ def _ip(text):
     return mapped if mapped is not None else ip
 
 
+@functools.lru_cache(maxsize=16)
 def _host_ips(host):
-    """The addresses ``host`` stands for: its own when it is an address, else what it resolves to (maybe none)."""
+    """The addresses ``host`` stands for: its own when it is an address, else what it resolves to (maybe none);
+    resolved once per name and module run (a port has a few listeners, each compared with it)."""
     ip = _ip(host)
     if ip is not None:
-        return [ip]
+        return (ip,)
     try:
         infos = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
     except (socket.error, UnicodeError):
-        return []
-    return [ip for ip in (_ip(info[4][0]) for info in infos) if ip is not None]
+        return ()
+    return tuple(ip for ip in (_ip(info[4][0]) for info in infos) if ip is not None)
 
 
 def _overlap(a, b):

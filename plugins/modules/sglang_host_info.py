@@ -49,8 +49,10 @@ options:
     type: int
   host:
     description:
-      - Address the server will bind (C(--host)); decides which listeners conflict. A listener on the same
-        address, or either side on a wildcard address (C(0.0.0.0), C(::)), conflicts.
+      - Address the server will bind (C(--host)); decides which listeners conflict, as the launch decides
+        (C(gpufleet_ports) module_utils): the same address conflicts; C(0.0.0.0) with every IPv4 address;
+        C(::) with every address, IPv4 too (taken as dual-stack); an IPv4-mapped C(::ffff:a.b.c.d) as its IPv4
+        address; C(::1) and C(127.0.0.1) do not.
     type: str
     default: 127.0.0.1
   pid_file:
