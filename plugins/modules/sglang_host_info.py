@@ -49,10 +49,10 @@ options:
     type: int
   host:
     description:
-      - Address the server will bind (C(--host)); decides which listeners conflict, as the launch decides
+      - "Address the server will bind (C(--host)); decides which listeners conflict, as the launch decides
         (C(gpufleet_ports) module_utils): the same address conflicts; C(0.0.0.0) with every IPv4 address;
         C(::) with every address, IPv4 too (taken as dual-stack); an IPv4-mapped C(::ffff:a.b.c.d) as its IPv4
-        address; C(::1) and C(127.0.0.1) do not.
+        address; C(::1) and C(127.0.0.1) do not."
     type: str
     default: 127.0.0.1
   pid_file:
