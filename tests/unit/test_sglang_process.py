@@ -834,3 +834,14 @@ def test_state_files_are_written_0640(tmp_path):
     spawn.write_file_atomic(str(tmp_path / "launch.json"), "{}\n")
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()} == {
         "s.pid": "0o640", "launch.json": "0o640"}
+
+
+def test_an_unreadable_pid_file_fails_the_start_by_name_and_starts_nothing(tmp_path, capsys):
+    pid_file = tmp_path / "s.pid"
+    pid_file.mkdir()  # open() fails with EISDIR, also for root
+    rc, result = run_main({"argv": [sys.executable, "-c", "import time; time.sleep(30)"],
+                           "log_file": str(tmp_path / "s.log"), "pid_file": str(pid_file)}, capsys)
+    assert rc == 1 and result["started"] is False and result["pid"] is None
+    assert result["msg"] == ("cannot read the pid file %s ([Errno 21] Is a directory: '%s'): nothing was started; "
+                             "check its owner and mode" % (pid_file, pid_file))
+    assert not (tmp_path / "s.log").exists()
