@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_pid_file import (
+    MISSING, UNREADABLE, read_pid_file)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import cmdline_text
 
 try:
@@ -158,14 +160,12 @@ def read_workers(pid=None, pid_file=None, title_pattern=DEFAULT_TITLE_PATTERN, e
         raise WorkerEnvError("invalid title_pattern: %s" % exc)
     server_pid = pid
     if server_pid is None and pid_file:
-        try:
-            with open(pid_file) as handle:
-                text = handle.read().strip()
-        except OSError as exc:
-            raise WorkerEnvError("cannot read pid file %s: %s (is the server running?)" % (pid_file, exc))
-        if not text.isdigit():
-            raise WorkerEnvError("pid file %s does not hold a pid: %r" % (pid_file, text[:80]))
-        server_pid = int(text)
+        read = read_pid_file(pid_file)
+        if read.problem in (MISSING, UNREADABLE):
+            raise WorkerEnvError("cannot read pid file %s: %s (is the server running?)" % (pid_file, read.error))
+        if not read.ok:
+            raise WorkerEnvError(read.error)
+        server_pid = read.pid
     if server_pid is not None and not psutil.pid_exists(server_pid):
         raise WorkerEnvError("server pid %d is not running" % server_pid, server_pid=server_pid, workers=[],
                              worker_count=0, all_match=False)

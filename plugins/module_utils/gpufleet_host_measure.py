@@ -14,6 +14,8 @@ import sys
 from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import KNOWN_MONITORS
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_ports import (  # noqa: F401 pylint: disable=unused-import
+    WILDCARDS, addresses_overlap, tcp_listeners)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_lock
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_launch_record
@@ -39,7 +41,6 @@ MIB = 1024 * 1024
 # Left behind in /dev/shm by NCCL (nccl-*), CUDA IPC (cuda.shm.*) and SGLang (sgl_shm_*) when processes die
 # by SIGKILL (FIELD-NOTES: a full /dev/shm makes the next start die with SIGBUS).
 SEGMENT_PATTERNS = ("nccl-*", "cuda.shm.*", "sgl_shm_*")
-WILDCARDS = ("0.0.0.0", "::", "")
 
 
 def nearest_existing(path):
@@ -359,14 +360,6 @@ def model_dir_check(flag, path, markers_by_flag):
     return {"flag": flag, "path": path, "is_dir": is_dir, "markers": markers, "found": found}
 
 
-def _conflicts(bound, wanted):
-    """Whether a listener bound to ``bound`` blocks binding ``wanted`` on the same port (no SO_REUSEPORT)."""
-    bound, wanted = bound or "", wanted or ""
-    if bound in WILDCARDS or wanted in WILDCARDS:
-        return True
-    return bound == wanted or (bound.startswith("::ffff:") and bound[7:] == wanted)
-
-
 def is_same_or_descendant(pid, ancestor):
     """Whether process ``pid`` is ``ancestor`` or one of its descendants (psutil parents chain)."""
     if pid is None or ancestor is None:
@@ -380,11 +373,10 @@ def is_same_or_descendant(pid, ancestor):
 
 
 def listeners_on(port, host, managed_pid):
-    """TCP listeners on ``port`` (psutil.net_connections(kind="tcp"), status LISTEN), with conflict/managed flags."""
+    """TCP listeners on ``port`` (gpufleet_ports.tcp_listeners), with conflict (gpufleet_ports.addresses_overlap
+    with ``host``) and managed flags."""
     out = []
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr[1] != port:
-            continue
+    for conn in tcp_listeners(port):
         cmdline = None
         if conn.pid is not None:
             try:
@@ -392,7 +384,7 @@ def listeners_on(port, host, managed_pid):
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 cmdline = None
         out.append({"address": conn.laddr[0], "pid": conn.pid, "cmdline": cmdline,
-                    "conflicts": _conflicts(conn.laddr[0], host),
+                    "conflicts": addresses_overlap(host, conn.laddr[0]),
                     "managed": is_same_or_descendant(conn.pid, managed_pid)})
     return out
 

@@ -7,6 +7,8 @@ import errno
 import os
 import time
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_pid_file import UNREADABLE, read_pid_file
+
 try:
     import psutil
     HAS_PSUTIL = True
@@ -24,22 +26,6 @@ class ServerFindError(Exception):
         super(ServerFindError, self).__init__(msg)
         self.msg = msg
         self.kwargs = kwargs
-
-
-def read_pid_file(path):
-    """Pid (int) written in ``path``, or None if the file is missing or holds no number."""
-    try:
-        with open(path) as handle:
-            text = handle.read().strip()
-    except (IOError, OSError) as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-            return None
-        raise
-    try:
-        pid = int(text.split()[0]) if text else None
-    except ValueError:
-        return None
-    return pid if pid and pid > 0 else None
 
 
 def systemd_main_pid(run_command, systemctl, unit):
@@ -72,10 +58,10 @@ def find_managed_server(pid_file=None, systemd_unit=None, run_command=None, syst
     ``systemd_unit``. Raises :class:`ServerFindError` when the pid file or the unit's MainPID cannot be read."""
     managed_pid = None
     if pid_file:
-        try:
-            managed_pid = read_pid_file(pid_file)
-        except (IOError, OSError) as exc:
-            raise ServerFindError("cannot read pid file %s: %s" % (pid_file, exc))
+        read = read_pid_file(pid_file)
+        if read.problem == UNREADABLE:
+            raise ServerFindError("cannot read pid file %s: %s" % (pid_file, read.error))
+        managed_pid = read.pid  # None when missing, empty or garbage: no managed server
     if systemd_unit:
         managed_pid = systemd_main_pid(run_command, systemctl, systemd_unit)
     return {"managed_pid": managed_pid, "managed_running": pid_running(managed_pid)}

@@ -12,6 +12,7 @@ Everything here works without Ansible; psutil is needed by :func:`port_listeners
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -24,10 +25,36 @@ try:
 except ImportError:  # reported by the calling module with missing_required_lib("psutil")
     psutil = None
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_ports import (  # noqa: F401 pylint: disable=unused-import
+    WILDCARDS, addresses_overlap, tcp_listeners)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv
 
 REAPER_COMM = b"gpufleet-reaper"
-WILDCARDS = ("0.0.0.0", "::", "")
+
+# The options of one server start: sglang_process's top-level options and sglang_stop's start_after suboptions
+# (argument_spec; their documentation is the doc fragment gpufleet.fleet.sglang_start). Use start_options().
+START_OPTIONS = dict(
+    argv=dict(type="list", elements="str"),
+    api_key=dict(type="str", no_log=True),
+    env=dict(type="dict", default={}),
+    inherit_env=dict(type="bool", default=True),
+    chdir=dict(type="path"),
+    log_file=dict(type="path"),
+    pid_file=dict(type="path"),
+    exit_file=dict(type="path"),
+    port=dict(type="int"),
+    host=dict(type="str", default="127.0.0.1"),
+)
+# Required where the start is the option's only purpose (start_after); sglang_process requires them per state.
+START_REQUIRED = ("argv", "log_file", "pid_file", "port")
+
+
+def start_options(required=()):
+    """A fresh copy of :data:`START_OPTIONS` (an argument_spec) with the options named in ``required`` required."""
+    spec = copy.deepcopy(START_OPTIONS)
+    for name in required:
+        spec[name]["required"] = True
+    return spec
 
 
 def build_env(env, inherit, base=None):
@@ -184,18 +211,6 @@ def start_reaped(argv, env, chdir, log_file, exit_file):
     return answer["pid"]
 
 
-def addresses_overlap(bind_host, listen_ip):
-    """True when a socket listening on ``listen_ip`` keeps a server from binding ``bind_host`` on the same port.
-
-    Wildcards (0.0.0.0, ::) overlap every address; IPv4-mapped IPv6 (::ffff:a.b.c.d) is compared as IPv4.
-    """
-    def norm(ip):
-        ip = (ip or "").strip("[]")
-        return ip[7:] if ip.lower().startswith("::ffff:") else ip
-    a, b = norm(bind_host), norm(listen_ip)
-    return a in WILDCARDS or b in WILDCARDS or a == b
-
-
 def _describe_pid(pid):
     """(user, cmdline) of ``pid`` via psutil; ("?", "?") when it cannot be read."""
     try:
@@ -210,15 +225,13 @@ def _describe_pid(pid):
 def port_listeners(port, bind_host):
     """Processes listening on TCP ``port`` at an address overlapping ``bind_host``.
 
-    Source: psutil.net_connections("tcp") (the /proc/net/tcp{,6} sockets mapped to pids through /proc/*/fd).
+    Source: gpufleet_ports.tcp_listeners (psutil); overlap: gpufleet_ports.addresses_overlap.
     Returns a list of {"pid" (int or None when the socket's owner is not visible: another user's process and
     no root), "user", "cmdline", "address"}.
     """
     found = []
     seen = set()
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
-            continue
+    for conn in tcp_listeners(port):
         if not addresses_overlap(bind_host, conn.laddr.ip):
             continue
         key = (conn.pid, conn.laddr.ip)

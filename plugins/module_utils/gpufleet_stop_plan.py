@@ -12,6 +12,8 @@ import signal
 import time
 import traceback
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_pid_file import (
+    EMPTY, GARBAGE, UNREADABLE, read_pid_file)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_procs import sglang_bystander
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_argv
 
@@ -314,19 +316,6 @@ def _allowed(proc, user_set, protected, protect_re):
     return True
 
 
-def read_pid_file(path):
-    """(pid, mtime) from a pid file holding a decimal pid; (None, None) when missing; ValueError if garbage."""
-    try:
-        with open(path) as handle:
-            text = handle.read().strip()
-        mtime = os.stat(path).st_mtime
-    except FileNotFoundError:
-        return None, None
-    if not text.isdigit():
-        raise ValueError("pid file %s does not hold a pid: %r" % (path, text[:80]))
-    return int(text), mtime
-
-
 def pid_file_process(procs, pid, mtime):
     """The Proc the pid file names, or None if gone or created after the file (pid reused)."""
     for proc in procs:
@@ -530,10 +519,12 @@ def choose(pid_file, users, pattern, protect_pattern, result):
     protected = protected_pids()
     main = None
     if pid_file:
-        try:
-            pid, mtime = read_pid_file(pid_file)
-        except ValueError as exc:
-            raise StopPlanError("%s; remove it after checking no SGLang server runs" % exc, result)
+        read = read_pid_file(pid_file)
+        if read.problem in (EMPTY, GARBAGE):
+            raise StopPlanError("%s; remove it after checking no SGLang server runs" % read.error, result)
+        if read.problem == UNREADABLE:
+            raise StopPlanError("cannot read pid file %s: %s" % (pid_file, read.error), result)
+        pid, mtime = read.pid, read.mtime
         if pid is not None:
             main = pid_file_process(procs, pid, mtime)
             if main is not None and not _allowed(main, user_set, protected, protect_re):

@@ -49,8 +49,10 @@ options:
     type: int
   host:
     description:
-      - Address the server will bind (C(--host)); decides which listeners conflict. A listener on the same
-        address, or either side on a wildcard address (C(0.0.0.0), C(::)), conflicts.
+      - "Address the server will bind (C(--host)); decides which listeners conflict, as the launch decides
+        (C(gpufleet_ports) module_utils): the same address conflicts; C(0.0.0.0) with every IPv4 address;
+        C(::) with every address, IPv4 too (taken as dual-stack); an IPv4-mapped C(::ffff:a.b.c.d) as its IPv4
+        address; C(::1) and C(127.0.0.1) do not."
     type: str
     default: 127.0.0.1
   pid_file:
@@ -505,7 +507,6 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_host_measu
     SEGMENT_PATTERNS,
     WILDCARDS,
     MeasureError,
-    _conflicts,
     _why_not,
     cgroup_of,
     dir_access,
@@ -528,7 +529,6 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_host_measu
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_managed_server import (  # noqa: F401 pylint: disable=unused-import
     pid_running,
-    read_pid_file,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_trust import root_code_check  # noqa: F401 pylint: disable=unused-import
 

@@ -194,46 +194,8 @@ options:
         awaited here: wait for it with M(gpufleet.fleet.sglang_process)
         O(gpufleet.fleet.sglang_process#module:state=ready) and RV(start.pid)/RV(start.log_offset)."
     type: dict
-    suboptions:
-      argv:
-        description: Command line of the server (a list, never through a shell), without the API key.
-        type: list
-        elements: str
-        required: true
-      api_key:
-        description: Appended as C(--api-key) to the started argv only; never returned.
-        type: str
-      env:
-        description: Environment variables laid over this module's environment (a null value removes one).
-        type: dict
-        default: {}
-      inherit_env:
-        description: Start from this module's environment (without C(ANSIBLE_MODULE_*)); false starts from O(start_after.env) alone.
-        type: bool
-        default: true
-      chdir:
-        description: Working directory of the server.
-        type: path
-      log_file:
-        description: The server's stdout and stderr are appended here.
-        type: path
-        required: true
-      pid_file:
-        description: The server's pid is written here (atomically) once it started.
-        type: path
-        required: true
-      exit_file:
-        description: The reaper writes the server's exit status here; default O(start_after.pid_file) plus C(.exit).
-        type: path
-      port:
-        description: TCP port the server will listen on; checked free right before the start.
-        type: int
-        required: true
-      host:
-        description: Address the server will bind.
-        type: str
-        default: 127.0.0.1
 extends_documentation_fragment:
+  - gpufleet.fleet.sglang_start.start_after
   - ansible.builtin.action_common_attributes
 attributes:
   check_mode:
@@ -495,7 +457,6 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_stop_plan 
     protected_pids,
     psutil,
     read_argv,
-    read_pid_file,
     read_stat,
     runs_sglang,
     select_leftovers,
@@ -676,18 +637,8 @@ def main():
             shm_patterns=dict(type="list", elements="str", default=["nccl-*", "cuda.shm.*", "sgl_shm_*"]),
             gpu_wait=dict(type="dict", options={k: v for k, v in gpufleet_gpu_wait.WAIT_OPTIONS.items()
                                                 if k != "started_at"}),
-            start_after=dict(type="dict", options=dict(
-                argv=dict(type="list", elements="str", required=True),
-                api_key=dict(type="str", no_log=True),
-                env=dict(type="dict", default={}),
-                inherit_env=dict(type="bool", default=True),
-                chdir=dict(type="path"),
-                log_file=dict(type="path", required=True),
-                pid_file=dict(type="path", required=True),
-                exit_file=dict(type="path"),
-                port=dict(type="int", required=True),
-                host=dict(type="str", default="127.0.0.1"),
-            )),
+            # the suboptions are sglang_process's start options (gpufleet_spawn.START_OPTIONS)
+            start_after=dict(type="dict", options=gpufleet_spawn.start_options(gpufleet_spawn.START_REQUIRED)),
         ),
         required_by={"start_after": "gpu_wait"},
         supports_check_mode=True,

@@ -323,3 +323,22 @@ def test_a_router_and_a_bench_client_on_the_host_survive_a_restart_while_a_lefto
         assert lab.wait_http(host, timeout_s=10) == 200
     finally:
         kill(lab, host, router, client, leftover)
+
+
+@pytest.mark.lab_only_once
+def test_an_unreadable_pid_file_fails_the_stop_by_name_and_the_server_keeps_serving(lab):
+    """The pid file replaced by a directory (open() fails with EISDIR, for root too): the stop names the file and
+    the error and signals nothing; the old server still runs. (Before the one pid-file reader: a traceback.)"""
+    host = lab.hosts[1]
+    server = launch(lab, host)
+    pid_file = "%s/sglang.pid" % lab.host_vars(host)["sglang_state_dir"]
+    lab.exec(host, ["sh", "-c", 'mv "$0" "$0.aside" && mkdir "$0"', pid_file], check=True)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host, tags="stop")
+        assert runner.status == "failed"
+        [msg] = [d["res"]["msg"] for d in lab.events(runner, "runner_on_failed", "sglang_stop")]
+        assert msg.startswith("cannot read pid file %s: [Errno 21] Is a directory" % pid_file), msg
+        assert "Traceback" not in msg
+        assert server in procs(lab, host)  # nothing was signalled: the old server serves
+    finally:
+        lab.exec(host, ["sh", "-c", 'rmdir "$0" && mv "$0.aside" "$0"', pid_file], check=True)

@@ -120,14 +120,6 @@ def test_free_port_is_reported_free(capsys):
     assert out["port"] == {"port": port, "free": True, "held_by_managed": False, "listeners": []}
 
 
-def test_listener_on_another_specific_address_does_not_conflict():
-    assert host_info._conflicts("127.0.0.1", "127.0.0.1")
-    assert host_info._conflicts("0.0.0.0", "127.0.0.1")
-    assert host_info._conflicts("127.0.0.1", "0.0.0.0")
-    assert host_info._conflicts("::", "10.0.0.5")
-    assert not host_info._conflicts("10.0.0.5", "127.0.0.1")
-
-
 def test_disk_figures_match_shutil_disk_usage_and_missing_paths_use_their_parent(tmp_path, capsys):
     missing = tmp_path / "not" / "yet"
     rc, out = run_main({"paths": [str(tmp_path), str(missing)]}, capsys)

@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("sglang_process", ROOT / "plugins" / "modules" / "sglang_process.py")
 proc_mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(proc_mod)
+from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_process_states as states  # noqa: E402
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_spawn as spawn  # noqa: E402
 
 
@@ -81,9 +82,9 @@ def test_stale_pid_file_does_not_count_as_running(tmp_path):
     pid_file = tmp_path / "s.pid"
     pid_file.write_text("%d\n" % os.getpid())
     os.utime(pid_file, (time.time() - 3600 * 24 * 365, time.time() - 3600 * 24 * 365))
-    assert proc_mod.running_pid(str(pid_file)) is None  # this process started after that mtime
+    assert states.running_pid(str(pid_file)) is None  # this process started after that mtime
     os.utime(pid_file, None)
-    assert proc_mod.running_pid(str(pid_file)) == os.getpid()
+    assert states.running_pid(str(pid_file)) == os.getpid()
 
 
 def test_build_env_overrides_and_removes():
@@ -168,7 +169,7 @@ def test_server_runs_under_a_reaper_that_records_its_exit_status(tmp_path, capsy
     assert _wait_for(lambda: (tmp_path / "s.pid.exit").exists())
     record = json.loads((tmp_path / "s.pid.exit").read_text())
     assert record["pid"] == started["pid"] and record["returncode"] == -signal.SIGTERM
-    assert proc_mod.read_exit_file(str(tmp_path / "s.pid.exit"), started["pid"] + 1) is None
+    assert states.read_exit_file(str(tmp_path / "s.pid.exit"), started["pid"] + 1) is None
     assert _wait_for(lambda: not psutil.pid_exists(parent.pid) or parent.status() == psutil.STATUS_ZOMBIE)
 
 
@@ -314,7 +315,7 @@ def test_ready_times_out_from_the_servers_start_and_leaves_it_running(tmp_path, 
         # past tense: a summary quotes this after the rollback may have stopped the pid
         assert result["msg"].startswith("the server (pid %d) was running but did not answer" % started["pid"])
         assert "still loading" in result["log_tail"]
-        assert proc_mod.pid_alive(started["pid"])
+        assert states.pid_alive(started["pid"])
         # the rollback reads this to tell "still loading" from "gone"
         assert result["running"] is True
     finally:
@@ -332,21 +333,21 @@ def test_unit_show_parses_systemctl_properties():
     def fake_run(argv, environ_update=None):
         calls.append(argv)
         return 0, "MainPID=4242\nExecMainStatus=1\nExecMainCode=1\nActiveState=failed\n", ""
-    props = proc_mod.unit_show(fake_run, "sglang.service")
+    props = states.unit_show(fake_run, "sglang.service")
     assert props["MainPID"] == "4242" and props["ExecMainStatus"] == "1" and calls[0][-1] == "sglang.service"
 
 
 def test_unit_exit_counts_the_units_exit_status_only_for_the_pid_that_died():
     props = {"ExecMainPID": "466", "ExecMainStatus": "1", "ExecMainCode": "1",
              "ExecMainStartTimestampMonotonic": "5000000", "ExecMainExitTimestampMonotonic": "7250000"}
-    assert proc_mod.unit_exit(props, 466) == {"rc": 1, "elapsed_s": 2.25, "note": ""}
+    assert states.unit_exit(props, 466) == {"rc": 1, "elapsed_s": 2.25, "note": ""}
     # CLD_KILLED: ExecMainStatus is the signal, not an exit status
-    assert proc_mod.unit_exit(dict(props, ExecMainStatus="9", ExecMainCode="2"), 466)["rc"] == -9
+    assert states.unit_exit(dict(props, ExecMainStatus="9", ExecMainCode="2"), 466)["rc"] == -9
     # Restart= ran the unit again: the status (0, the new process still runs) belongs to pid 512, not to 466
     # systemd has not processed the exit yet: ExecMainStatus still reads 0, which is not an exit status
-    assert proc_mod.unit_exit(dict(props, ExecMainStatus="0", ExecMainExitTimestampMonotonic="0"), 466)["rc"] is None
+    assert states.unit_exit(dict(props, ExecMainStatus="0", ExecMainExitTimestampMonotonic="0"), 466)["rc"] is None
     later = dict(props, ExecMainPID="512", ExecMainStatus="0", ExecMainCode="0", ExecMainExitTimestampMonotonic="0")
-    assert proc_mod.unit_exit(later, 466) == {
+    assert states.unit_exit(later, 466) == {
         "rc": None, "elapsed_s": None,
         "note": "systemd has run the unit again since, as pid 512 (Restart= after a crash)"}
 
@@ -359,7 +360,7 @@ def test_ready_on_a_unit_whose_crashed_server_was_already_restarted_does_not_mak
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     (tmp_path / "s.log").write_text("RuntimeError: scheduler failed while loading the model\n")
-    monkeypatch.setattr(proc_mod, "unit_show", lambda run, unit: {
+    monkeypatch.setattr(states, "unit_show", lambda run, unit: {
         "MainPID": "0", "ExecMainPID": str(gone.pid + 100000), "ExecMainStatus": "0", "ExecMainCode": "0",
         "ActiveState": "activating"})
     port = _free_port()
@@ -375,24 +376,16 @@ def test_ready_on_a_unit_whose_crashed_server_was_already_restarted_does_not_mak
     assert "scheduler failed while loading the model" in first
 
 
-def test_addresses_overlap_with_wildcards_and_mapped_ipv4():
-    assert spawn.addresses_overlap("127.0.0.1", "0.0.0.0")
-    assert spawn.addresses_overlap("0.0.0.0", "10.0.0.5")
-    assert spawn.addresses_overlap("127.0.0.1", "::ffff:127.0.0.1")
-    assert spawn.addresses_overlap("::", "127.0.0.1")
-    assert not spawn.addresses_overlap("127.0.0.1", "10.0.0.5")
-
-
 def test_log_tail_from_an_offset_and_after_truncation(tmp_path):
     log = tmp_path / "s.log"
     log.write_text("old 1\nold 2\nnew 1\nnew 2\n")
-    assert proc_mod.log_tail(str(log), 10, offset=len("old 1\nold 2\n")) == "new 1\nnew 2"
-    assert proc_mod.log_tail(str(log), 10, offset=10 ** 6) == "old 1\nold 2\nnew 1\nnew 2"
+    assert states.log_tail(str(log), 10, offset=len("old 1\nold 2\n")) == "new 1\nnew 2"
+    assert states.log_tail(str(log), 10, offset=10 ** 6) == "old 1\nold 2\nnew 1\nnew 2"
 
 
 def test_ready_renews_the_restart_lock_each_slice(tmp_path, capsys, monkeypatch):
     calls = []
-    monkeypatch.setattr(proc_mod.gpufleet_lock, "renew_lease", lambda lock_dir, owner: calls.append((lock_dir, owner)))
+    monkeypatch.setattr(states.gpufleet_lock, "renew_lease", lambda lock_dir, owner: calls.append((lock_dir, owner)))
     port = _free_port()
     rc, started = _start(tmp_path, capsys, "import time;time.sleep(30)")
     try:
@@ -412,8 +405,8 @@ def test_ready_renews_the_lock_again_when_it_sees_the_server_serve_and_a_lost_lo
     def renew(lock_dir, owner):
         calls.append((lock_dir, owner))
         if len(calls) == lost_at["n"]:
-            raise proc_mod.gpufleet_lock.LockLost("the restart lock %s is gone" % lock_dir)
-    monkeypatch.setattr(proc_mod.gpufleet_lock, "renew_lease", renew)
+            raise states.gpufleet_lock.LockLost("the restart lock %s is gone" % lock_dir)
+    monkeypatch.setattr(states.gpufleet_lock, "renew_lease", renew)
     port = _free_port()
     rc, started = _start(tmp_path, capsys, HTTP_SERVER % (0.2, port))
     try:
@@ -436,14 +429,14 @@ def test_ready_renews_the_lock_again_when_it_sees_the_server_serve_and_a_lost_lo
 
 def test_ready_stops_at_once_when_another_run_holds_the_lock(tmp_path, capsys, monkeypatch):
     def lost(lock_dir, owner):
-        raise proc_mod.gpufleet_lock.LockLost("the restart lock %s is now held by run 77" % lock_dir)
-    monkeypatch.setattr(proc_mod.gpufleet_lock, "renew_lease", lost)
+        raise states.gpufleet_lock.LockLost("the restart lock %s is now held by run 77" % lock_dir)
+    monkeypatch.setattr(states.gpufleet_lock, "renew_lease", lost)
     rc, started = _start(tmp_path, capsys, "import time;time.sleep(30)")
     try:
         rc, result = _ready(tmp_path, capsys, started, _free_port(), lock_dir=str(tmp_path / "lock"),
                             lock_owner="run-1")
         assert rc == 1 and "held by run 77" in result["msg"] and "left running" in result["msg"]
-        assert proc_mod.pid_alive(started["pid"])
+        assert states.pid_alive(started["pid"])
     finally:
         _kill_group(started["pid"])
 
@@ -486,7 +479,7 @@ def test_start_with_wait_ready_returns_not_ready_when_the_window_ends_first(tmp_
         assert rc == 0 and started["started"] is True and started["ready"] is False
         assert started["ready_epoch"] is None and started["ready_wait_ms"] is None
         assert started["last"] == "connection refused"
-        assert proc_mod.pid_alive(started["pid"])
+        assert states.pid_alive(started["pid"])
         # ready.yml goes on from here with state=ready, as before.
         rc, result = _ready(tmp_path, capsys, started, port, slice_s=0)
         assert rc == 0 and result["ready"] is False
@@ -617,7 +610,7 @@ def test_recorded_keeps_the_previous_record_when_the_write_fails(tmp_path, capsy
 
     def refuse(*args, **kwargs):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(proc_mod, "write_file_atomic", refuse)
+    monkeypatch.setattr(states, "write_file_atomic", refuse)
     rc, result = run_main({"state": "recorded", "record_file": str(path), "record": {"pid": 2}}, capsys)
     assert rc == 1 and "No space left" in result["msg"] and "unchanged" in result["msg"]
     assert path.read_text() == '{"pid": 1}\n'
@@ -627,7 +620,7 @@ def test_recorded_releases_the_restart_lock_it_is_given_after_the_record_and_lea
         tmp_path, capsys):
     lock = str(tmp_path / "restart.lock")
     path = tmp_path / "launch.json"
-    proc_mod.gpufleet_lock.take_lease(lock, {"run_id": "run-1"}, 300)
+    states.gpufleet_lock.take_lease(lock, {"run_id": "run-1"}, 300)
     args = {"state": "recorded", "record_file": str(path), "record": {"pid": 7}, "lock_dir": lock,
             "lock_owner": "run-1"}
     # Check mode writes nothing and releases nothing.
@@ -637,14 +630,14 @@ def test_recorded_releases_the_restart_lock_it_is_given_after_the_record_and_lea
     assert rc == 0 and result["changed"] and json.loads(path.read_text()) == {"pid": 7}
     assert result["lock_release"] == "released" and not os.path.exists(lock)
     # Another run's lock (taken over after this run's lease ended) stays.
-    proc_mod.gpufleet_lock.take_lease(lock, {"run_id": "run-2"}, 300)
+    states.gpufleet_lock.take_lease(lock, {"run_id": "run-2"}, 300)
     rc, result = run_main(args, capsys)
     assert rc == 0 and result["lock_release"] == "not_owner" and not result["changed"]
-    assert proc_mod.gpufleet_lock.read_holder(lock)["run_id"] == "run-2"
+    assert states.gpufleet_lock.read_holder(lock)["run_id"] == "run-2"
     assert result["lock_holder"]["run_id"] == "run-2" and "held by run run-2" in json.dumps(result.get("warnings"))
     # The same record again with our own lock: the release alone is a change.
-    proc_mod.gpufleet_lock.release_lease(lock, "run-2")
-    proc_mod.gpufleet_lock.take_lease(lock, {"run_id": "run-1"}, 300)
+    states.gpufleet_lock.release_lease(lock, "run-2")
+    states.gpufleet_lock.take_lease(lock, {"run_id": "run-1"}, 300)
     rc, result = run_main(args, capsys)
     assert rc == 0 and result["changed"] and result["lock_release"] == "released" and not os.path.exists(lock)
 
@@ -652,14 +645,14 @@ def test_recorded_releases_the_restart_lock_it_is_given_after_the_record_and_lea
 def test_recorded_keeps_the_lock_when_the_record_fails_and_reports_a_failed_release_without_failing(
         tmp_path, capsys, monkeypatch):
     lock = str(tmp_path / "restart.lock")
-    proc_mod.gpufleet_lock.take_lease(lock, {"run_id": "run-1"}, 300)
+    states.gpufleet_lock.take_lease(lock, {"run_id": "run-1"}, 300)
     args = {"state": "recorded", "record": {"pid": 7}, "lock_dir": lock, "lock_owner": "run-1"}
     rc, result = run_main(dict(args, record_file=str(tmp_path / "missing" / "launch.json")), capsys)
     assert rc == 1 and "does not exist" in result["msg"] and os.path.isdir(lock)
 
     def broken(*a, **k):
-        raise proc_mod.gpufleet_lock.LockError("cannot read %s: Permission denied" % lock)
-    monkeypatch.setattr(proc_mod.gpufleet_lock, "release_lease", broken)
+        raise states.gpufleet_lock.LockError("cannot read %s: Permission denied" % lock)
+    monkeypatch.setattr(states.gpufleet_lock, "release_lease", broken)
     rc, result = run_main(dict(args, record_file=str(tmp_path / "launch.json")), capsys)
     assert rc == 0 and result["changed"] and result["lock_release"] is None
     assert "Permission denied" in result["lock_release_error"] and os.path.isdir(lock)
@@ -673,7 +666,7 @@ def test_ready_that_cannot_attribute_the_socket_does_not_say_the_server_may_stil
     port = stray.server_address[1]
     rc, started = _start(tmp_path, capsys, "import time;time.sleep(30)")
     threading.Thread(target=stray.serve_forever, daemon=True).start()
-    monkeypatch.setattr(proc_mod, "tree_listens", lambda pid, port: None)  # another user's sockets: unknown
+    monkeypatch.setattr(states, "tree_listens", lambda pid, port: None)  # another user's sockets: unknown
     try:
         rc, result = _ready(tmp_path, capsys, started, port)
         assert rc == 1 and "run this task as root (become)" in result["msg"]
@@ -820,10 +813,10 @@ def test_log_tail_redacts_keys_and_leaves_out_a_line_its_window_cuts(tmp_path):
     filler = ("filler line\n" * (filler_len // 12 + 1))[:filler_len - 1] + "\n"
     log.write_text(cut + filler + last)
     assert log.stat().st_size - 64 * 1024 == len(prefix) + len(key) // 2
-    tail = proc_mod.log_tail(str(log), 5)
+    tail = states.log_tail(str(log), 5)
     assert key not in tail and "k" * 10 not in tail
     assert tail.splitlines()[-1] == "server_args=ServerArgs(api_key='********', port=1)"
-    assert "k" * 10 not in proc_mod.log_tail(str(log), 100000)
+    assert "k" * 10 not in states.log_tail(str(log), 100000)
 
 
 def test_the_server_log_is_created_0640_and_an_older_0644_log_is_tightened(tmp_path):
@@ -841,3 +834,14 @@ def test_state_files_are_written_0640(tmp_path):
     spawn.write_file_atomic(str(tmp_path / "launch.json"), "{}\n")
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in tmp_path.iterdir()} == {
         "s.pid": "0o640", "launch.json": "0o640"}
+
+
+def test_an_unreadable_pid_file_fails_the_start_by_name_and_starts_nothing(tmp_path, capsys):
+    pid_file = tmp_path / "s.pid"
+    pid_file.mkdir()  # open() fails with EISDIR, also for root
+    rc, result = run_main({"argv": [sys.executable, "-c", "import time; time.sleep(30)"],
+                           "log_file": str(tmp_path / "s.log"), "pid_file": str(pid_file)}, capsys)
+    assert rc == 1 and result["started"] is False and result["pid"] is None
+    assert result["msg"] == ("cannot read the pid file %s ([Errno 21] Is a directory: '%s'): nothing was started; "
+                             "check its owner and mode" % (pid_file, pid_file))
+    assert not (tmp_path / "s.log").exists()

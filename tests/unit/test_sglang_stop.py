@@ -28,6 +28,7 @@ def load(name):
 
 stop = load("sglang_stop")
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_stop_plan as stop_plan  # noqa: E402
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_pid_file import read_pid_file  # noqa: E402
 
 
 def run_main(module, args, capsys):
@@ -159,7 +160,8 @@ def test_server_phase_takes_pid_file_process_and_its_group_but_not_monitor_in_gr
 def test_pid_file_naming_a_reused_pid_is_stale(tmp_path):
     pid_file = tmp_path / "sglang.pid"
     pid_file.write_text("40\n")
-    pid, mtime = stop.read_pid_file(str(pid_file))
+    read = read_pid_file(str(pid_file))
+    pid, mtime = read.pid, read.mtime
     assert pid == 40
     old = P(40, "python3 -m sglang.launch_server", create_time=mtime - 30)
     new = P(40, "bash", create_time=mtime + 600)
@@ -170,9 +172,11 @@ def test_pid_file_naming_a_reused_pid_is_stale(tmp_path):
 def test_pid_file_with_garbage_is_an_error(tmp_path):
     pid_file = tmp_path / "sglang.pid"
     pid_file.write_text("not a pid")
-    with pytest.raises(ValueError, match="does not hold a pid"):
-        stop.read_pid_file(str(pid_file))
-    assert stop.read_pid_file(str(tmp_path / "absent")) == (None, None)
+    result = stop_plan.new_result(["nobody"])
+    with pytest.raises(stop_plan.StopPlanError, match="does not hold a pid"):
+        stop.choose(str(pid_file), ["nobody"], r"\Anever\Z", stop_plan.PROTECT_PATTERN, result)
+    stop.choose(str(tmp_path / "absent"), ["nobody"], r"\Anever\Z", stop_plan.PROTECT_PATTERN, result)
+    assert result["main_pid"] is None
 
 
 def test_stale_segments_keep_held_foreign_and_unmatched(tmp_path):
