@@ -8,11 +8,17 @@ from __future__ import absolute_import, division, print_function
 __metaclass__ = type
 
 from ansible.plugins.action import ActionBase
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import gpufleet_check_line, gpufleet_check_verdict
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import (
+    gpufleet_check_line,
+    gpufleet_check_verdict,
+    pending_steps,
+)
 
 ARGUMENT_SPEC = dict(
     reads=dict(type="list", elements="raw", required=True),
     config=dict(type="dict", default={}),
+    become_reads=dict(type="list", elements="str", default=[]),
+    textfile_dir=dict(type="str", default=""),
 )
 
 
@@ -26,9 +32,9 @@ class ActionModule(ActionBase):
         del tmp  # not used: nothing runs on the host
         validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         del validation
-        # A read the task skipped (the become read when it is not wanted) adds nothing.
-        reads = [r for r in args["reads"] if isinstance(r, dict) and not r.get("skipped")]
-        verdict = gpufleet_check_verdict(reads, args["config"] or None)
+        verdict = gpufleet_check_verdict(args["reads"], args["config"] or None)
         result.update(verdict)
-        result.update(changed=False, msg=gpufleet_check_line(verdict))
+        result.update(changed=False, msg=gpufleet_check_line(verdict),
+                      pending=pending_steps(args["reads"], args["become_reads"], args["textfile_dir"],
+                                            bool(self._play_context.check_mode)))
         return result

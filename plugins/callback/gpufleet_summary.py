@@ -55,7 +55,7 @@ from ansible.plugins.callback import CallbackBase
 
 # The controller-side core (plugins/plugin_utils) and the tables' filters, imported by their collection path: the
 # collection loader finds them in the checkout (ansible.cfg's collections_path) or in the installed collection.
-from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet import gpufleet_summary_table
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.run import gpufleet_summary_table
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import gpufleet_check_table
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils import phases, run
 

@@ -22,6 +22,8 @@ import socket
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_unit_values import command_problem, systemd_setting
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.lock import gpufleet_lock_holder_gone  # noqa: F401 (re-exported) pylint: disable=unused-import
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.run import gpufleet_summary_table  # noqa: F401 (re-exported) pylint: disable=unused-import
 
 # SGLang flag names are argparse long options: letters, digits, dashes (e.g. "tp-size",
 # "speculative-draft-model-path"); underscores are accepted for users who copy Python attribute names.
@@ -173,72 +175,6 @@ def gpufleet_lock_owner(run_id):
         "user": getpass.getuser(),
         "taken_at": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-
-
-# Hostnames that many machines share: a lock naming one of them may come from another controller.
-_SHARED_HOSTNAMES = ("", "localhost", "localhost.localdomain")
-
-
-def gpufleet_lock_holder_gone(holder):
-    """True when the run that wrote a host lock (``holder``, from :func:`gpufleet_lock_owner`) certainly died.
-
-    That is: it names this controller (``socket.gethostname()``, not a hostname many machines share) and
-    its ``pid`` is no running ansible process here (``/proc/<pid>/cmdline``; a reused pid running something
-    else counts as gone). A lock from another controller, or without a pid, is never judged gone: only
-    ``gpufleet_lock_stale_s`` or a person can release it. Runs on the controller (filters do).
-    """
-    if not isinstance(holder, dict):
-        return False
-    controller = str(holder.get("controller") or "")
-    if controller in _SHARED_HOSTNAMES or controller != socket.gethostname():
-        return False
-    try:
-        pid = int(holder.get("pid"))
-    except (TypeError, ValueError):
-        return False
-    if pid <= 1 or pid == os.getpid() or pid == os.getppid():
-        return False
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            cmdline = handle.read()
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return b"ansible" not in cmdline
-
-
-def _cell(value, fmt=None):
-    if value is None or value == "":
-        return "-"
-    if fmt and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return fmt % value
-    return str(value)
-
-
-def gpufleet_summary_table(rows):
-    """Fixed-width summary of a restart run: one line per host.
-
-    ``rows``: list of mappings with ``host``, ``result`` (ok|failed|skipped), ``downtime_s`` (s, stop start →
-    ready), ``release_wait_ms`` (ms), ``tokens_per_s`` (output tokens/s or None), ``nccl`` (ok|fail|-),
-    ``old_pid``, ``new_pid``. Missing values print as ``-``.
-    """
-    header = ("host", "result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
-    lines = [header]
-    for row in rows or []:
-        lines.append((
-            _cell(row.get("host")),
-            _cell(row.get("result")),
-            _cell(row.get("downtime_s"), "%.1f"),
-            _cell(row.get("release_wait_ms"), "%d"),
-            _cell(row.get("tokens_per_s"), "%.1f"),
-            _cell(row.get("nccl")),
-            _cell(row.get("old_pid")),
-            _cell(row.get("new_pid")),
-        ))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip()
-                     for line in lines)
 
 
 class FilterModule(object):

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils import rollback
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.patch import (  # noqa: F401 (re-exported) pylint: disable=unused-import
+    HAND_EDIT_ACTIONS,
+    gpufleet_hand_edit_lines,
+)
 
 NOT_CHANGED = rollback.NOT_CHANGED
 
@@ -56,33 +60,6 @@ def gpufleet_rollback_serves(workers, recorded):
     "the previous configuration" only when the relaunched workers carry the recorded NCCL values
     (plugin_utils rollback.serves)."""
     return rollback.serves(workers, recorded)
-
-
-HAND_EDIT_ACTIONS = {
-    "taken_over": "taken over by this run: removed; the backup keeps the original and the block records it, so "
-                  "sglang_nccl_patch_state=absent puts it back",
-    "kept": "taken over by an earlier run (recorded in the block, not in effect)",
-    "refused": "writes a variable of sglang_nccl_env outside the block: refused",
-    "reported": "left as it is (sglang_nccl_env does not set %s): it still applies to the workers",
-}
-
-
-def gpufleet_hand_edit_lines(hand_edits):
-    """One line per entry of the patch module's RV ``hand_edits``: ``<file>:<line>: <text> -- <what happened>``."""
-    if not isinstance(hand_edits, (list, tuple)):
-        raise AnsibleFilterError("gpufleet_hand_edit_lines: expected the patch module's hand_edits list, got %r"
-                                 % (hand_edits,))
-    lines = []
-    for entry in hand_edits:
-        if not isinstance(entry, dict):
-            continue
-        action = HAND_EDIT_ACTIONS.get(entry.get("action"), str(entry.get("action")))
-        if "%s" in action:
-            action = action % (", ".join(n or "a computed name" for n in entry.get("names") or []) or "it")
-        lines.append("%s:%s: %s -- %s%s" % (
-            entry.get("path"), entry.get("line"), entry.get("text"),
-            "after the start-method call; " if entry.get("after_anchor") else "", action))
-    return lines
 
 
 class FilterModule(object):

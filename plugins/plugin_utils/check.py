@@ -586,6 +586,29 @@ def gpufleet_check_fleet(hostvars, targets, fact="fleet_check_result"):
     return out
 
 
+def pending_steps(reads, become_reads=(), textfile_dir="", check_mode=False):
+    """What check.yml still does on a host after a judged read (the plays after the read run only on the hosts
+    that need them): ``become`` the parts a call with become reads (``become_reads``, none after a call with
+    become), ``textfile`` the directory of gpufleet.prom ('' for none: not asked, check mode). Neither on a host
+    the read could not reach, nor where root would run code another user can change."""
+    merged = merge_reads(reads)
+    if merged.get("unreachable") is not None or merged.get("root_code"):
+        return {"become": [], "textfile": ""}
+    return {"become": list(become_reads or []), "textfile": "" if check_mode else str(textfile_dir or "")}
+
+
+def gpufleet_check_pending(hostvars, step, fact="fleet_check_result"):
+    """The hosts (inventory order) whose registered verdict (``fact``) says ``step`` (``become`` or ``textfile``,
+    see :func:`pending_steps`) is still to do: the host pattern of the play that does it."""
+    out = []
+    for host in (hostvars or {}):
+        hv = hostvars.get(host) if hasattr(hostvars, "get") else None
+        result = hv.get(fact) if hv is not None and hasattr(hv, "get") else None
+        if isinstance(result, dict) and (result.get("pending") or {}).get(step):
+            out.append(str(host))
+    return out
+
+
 def gpufleet_check_stats(fleet):
     """The set_stats ``gpufleet_check`` value: host → {verdict, reasons, gpus_ok, gpus_total}."""
     return {h: {"verdict": r["verdict"], "reasons": r["reasons"], "gpus_ok": r["gpus_ok"],

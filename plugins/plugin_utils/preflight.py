@@ -19,14 +19,14 @@ from __future__ import annotations
 import json
 import re
 
-from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet import gpufleet_lock_holder_gone
-from ansible_collections.gpufleet.fleet.plugins.filter.gpufleet_patch import gpufleet_hand_edit_lines
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
     baseline_text,
     unreadable_refusal,
 )
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_nccl_owned import nccl_conflicts
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_unit_values import unit_value_problems
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.lock import gpufleet_lock_holder_gone
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.patch import gpufleet_hand_edit_lines
 
 # The role's variables the decision reads (sglang_preflight_<name>), with the value used when one is missing.
 SETTINGS = {

@@ -410,3 +410,36 @@ def not_started_rows(hostvars, play_hosts_all, batch, stopped_at, result):
     later = [h for h in play_hosts_all or [] if h not in (batch or []) and not hostvars[h].get("gpufleet_summary_row")]
     return summary_rows(later, "not_started", cause="the rolling restart stopped at %s (%s)" % (stopped_at, result),
                         advice="nothing was changed on this host: rerun once %s is fixed" % stopped_at)
+
+
+def _cell(value, fmt=None):
+    if value is None or value == "":
+        return "-"
+    if fmt and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return fmt % value
+    return str(value)
+
+
+def gpufleet_summary_table(rows):
+    """Fixed-width summary of a restart run: one line per host.
+
+    ``rows``: list of mappings with ``host``, ``result`` (ok|failed|skipped), ``downtime_s`` (s, stop start →
+    ready), ``release_wait_ms`` (ms), ``tokens_per_s`` (output tokens/s or None), ``nccl`` (ok|fail|-),
+    ``old_pid``, ``new_pid``. Missing values print as ``-``.
+    """
+    header = ("host", "result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
+    lines = [header]
+    for row in rows or []:
+        lines.append((
+            _cell(row.get("host")),
+            _cell(row.get("result")),
+            _cell(row.get("downtime_s"), "%.1f"),
+            _cell(row.get("release_wait_ms"), "%d"),
+            _cell(row.get("tokens_per_s"), "%.1f"),
+            _cell(row.get("nccl")),
+            _cell(row.get("old_pid")),
+            _cell(row.get("new_pid")),
+        ))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(line)).rstrip()
+                     for line in lines)

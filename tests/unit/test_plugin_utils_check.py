@@ -502,3 +502,21 @@ def test_the_judge_refuses_an_unknown_argument():
     from ansible.errors import AnsibleActionFail
     with pytest.raises(AnsibleActionFail, match="thresholds"):
         _judge({"reads": [], "thresholds": {}})
+
+
+def test_what_is_left_on_a_host_follows_the_read_and_the_hosts_that_need_it_are_the_next_plays():
+    read = {"gathered": ["server", "sglang"], "host": {"managed_pid": 1, "managed_running": True}}
+    ok = _judge({"reads": [read], "become_reads": ["gpu", "nccl_workers"], "textfile_dir": "/var/lib/node_exporter"})
+    assert ok["pending"] == {"become": ["gpu", "nccl_workers"], "textfile": "/var/lib/node_exporter"}
+    # Nothing more on a host the read could not reach, nor where root would run others' code.
+    gone = _judge({"reads": [{"unreachable": True, "msg": "no route"}], "become_reads": ["gpu"], "textfile_dir": "/d"})
+    untrusted = _judge({"reads": [{"gathered": [], "root_code": [{"text": "writable by uid 1000"}]}],
+                        "become_reads": ["gpu"], "textfile_dir": "/d"})
+    assert gone["pending"] == untrusted["pending"] == {"become": [], "textfile": ""}
+    # Check mode writes no textfile; the call with become leaves nothing to read with become.
+    assert chk.pending_steps([read], ["gpu"], "/d", check_mode=True) == {"become": ["gpu"], "textfile": ""}
+    hostvars = {"a": {"fleet_check_result": ok}, "b": {"fleet_check_result": gone}, "c": {},
+                "d": {"fleet_check_result": dict(ok, pending={"become": [], "textfile": "/d"})}}
+    assert chk.gpufleet_check_pending(hostvars, "become") == ["a"]
+    assert chk.gpufleet_check_pending(hostvars, "textfile") == ["a", "d"]
+    assert set(chk.gpufleet_check_fleet(hostvars, ["a"])["a"]) == set(chk.VERDICT_KEYS)

@@ -1,21 +1,10 @@
 """The start options: sglang_process's and sglang_stop's start_after come from one argument_spec
 (gpufleet_spawn.START_OPTIONS) and one doc fragment (gpufleet.fleet.sglang_start)."""
-import importlib.util
-import pathlib
-
 import pytest
 
 import module_docs
 from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_spawn as spawn
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "plugins" / "modules" / (name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from gpu_module_harness import load_module
 
 
 class Built(Exception):
@@ -24,7 +13,7 @@ class Built(Exception):
 
 def argument_spec(name, monkeypatch):
     """The argument_spec ``name``'s main() hands to AnsibleModule."""
-    mod = load(name)
+    mod = load_module(name)
     seen = {}
 
     def fake(**kwargs):
