@@ -43,10 +43,6 @@ MAX_MESSAGE_CHARS = 240
 # Actions whose failure message is written for people: printed as text at verbosity 0.
 MESSAGE_ACTIONS = frozenset("%s%s" % (prefix, name) for prefix in ("", "ansible.builtin.", "ansible.legacy.")
                             for name in ("fail", "assert"))
-# Actions whose ok result's msg is printed in one line at verbosity 0, as debug's is: the fleet check's verdict.
-LINE_ACTIONS = frozenset("%s%s" % (prefix, name) for prefix in ("", "ansible.builtin.", "ansible.legacy.")
-                         for name in ("debug",)) | frozenset(("gpufleet_check_judge",
-                                                              "gpufleet.fleet.gpufleet_check_judge"))
 
 
 def _message_text(msg):
@@ -94,10 +90,9 @@ class CallbackModule(DefaultCallbackModule):
         super()._print_task_banner(task)
 
     def _print_debug_message(self, result):
-        """True when ``result`` is the ok result of a debug task (or another of :data:`LINE_ACTIONS`) whose message was
-        printed in one line."""
+        """True when ``result`` is a debug task's ok result whose message was printed in one line."""
         action = result.task.action
-        if action not in LINE_ACTIONS or "msg" not in result.result:
+        if action not in ("debug", "ansible.builtin.debug", "ansible.legacy.debug") or "msg" not in result.result:
             return False
         if result.task.loop and "results" in result.result:  # the items were hidden; "All items completed"
             return False

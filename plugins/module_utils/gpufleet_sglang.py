@@ -569,7 +569,7 @@ def locate_here():
 def dist_version_here():
     """``importlib.metadata``'s release of the ``sglang`` distribution in this process, or None."""
     try:
-        import importlib.metadata as metadata
+        from importlib import metadata
         return metadata.distribution("sglang").version
     except Exception:  # no metadata module (3.7), no distribution, a broken dist-info: the release is unknown
         return None

@@ -12,8 +12,8 @@ description:
     Makes the fleet check's verdict for one host on the controller, from the results of
     M(gpufleet.fleet.sglang_fleet_check_info) (the call as the login user, then the one with become, if any): GPU
     health, driver, the SGLang server, launch-args drift, NCCL blocks and workers' values. The verdict is
-    returned to be registered (C(playbooks/check.yml) registers it as C(fleet_check_result)), and its one-line
-    summary as O(ignore:msg), which the C(gpufleet.fleet.gpufleet_default) output prints per host.
+    returned to be registered (C(playbooks/check.yml) registers it as C(fleet_check_result) and says
+    C(msg), its one-line summary, per host), with what is left to do on the host (C(pending)).
   - A read the connection failed for makes the host CRIT C(unreachable); a skipped read adds nothing.
   - Runs on the controller only; never connects to the host and changes nothing.
 version_added: "0.3.0"
@@ -33,13 +33,27 @@ options:
         default.
     type: dict
     default: {}
+  become_reads:
+    description:
+      - The parts a call with become is still to read (C(fleet_check_become)); returned in RV(pending.become) unless
+        the host could not be reached or root would run code another user can change.
+    type: list
+    elements: str
+    default: []
+  textfile_dir:
+    description:
+      - The directory of the node_exporter textfile to write (empty for none); returned in RV(pending.textfile) on
+        the same terms, and not in check mode.
+    type: str
+    default: ""
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.conn
+  - ansible.builtin.action_common_attributes.flow
 attributes:
   check_mode:
     support: full
-    details: Changes nothing; the same in check mode.
+    details: Changes nothing; the same in check mode (it then leaves no textfile to write).
   diff_mode:
     support: none
     details: Changes nothing, so there is nothing to diff.
@@ -47,11 +61,17 @@ attributes:
     platforms: all
   action:
     support: full
+  async:
+    support: none
   bypass_host_loop:
+    support: none
+  become:
     support: none
   connection:
     support: none
     details: Runs on the controller; the host is not contacted.
+  delegation:
+    support: none
 seealso:
   - module: gpufleet.fleet.sglang_fleet_check_info
 """
@@ -99,6 +119,20 @@ driver_version:
   description: The NVIDIA driver release the GPU read reported, or null.
   returned: always
   type: str
+pending:
+  description:
+    - What is left to do on the host; C(playbooks/check.yml) runs each step in a play of the hosts left with it
+      (filter C(gpufleet.fleet.gpufleet_check_pending)).
+  returned: always
+  type: dict
+  contains:
+    become:
+      description: The parts to read with become (empty for none).
+      type: list
+      elements: str
+    textfile:
+      description: The directory of gpufleet.prom to write (empty for none).
+      type: str
 msg:
   description: The verdict in one line (verdict, GPUs ok/total, the reasons).
   returned: always

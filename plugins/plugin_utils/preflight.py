@@ -152,8 +152,8 @@ def variable_problems(v):
     max_used = v.get("gpu_memory_wait_max_used_mib")
     if isinstance(max_used, bool) or not _PORT_RE.match(text(max_used)):
         out.append("gpu_memory_wait_max_used_mib must be a number of MiB (0 or more), got " + _json(max_used))
-    disk, shm = (_number(v.get(k)) for k in ("sglang_preflight_min_disk_free_mib",
-                                              "sglang_preflight_min_shm_free_mib"))
+    disk = _number(v.get("sglang_preflight_min_disk_free_mib"))
+    shm = _number(v.get("sglang_preflight_min_shm_free_mib"))
     if disk is None or shm is None or disk < 0 or shm < 0:
         out.append("sglang_preflight_min_disk_free_mib and sglang_preflight_min_shm_free_mib must not be negative")
     out.extend(unit_value_problems(v.get("unit_values") or {}, names=list(v.get("unit_values") or {})))
