@@ -476,8 +476,12 @@ def merge_reads(reads):
             continue
         if read.get("root_code"):
             merged["root_code"] = read["root_code"]
-        if "gathered" not in read and read.get("failed"):
-            merged["read_failed"] = str(read.get("msg") or "the module failed without a message")
+        if "gathered" not in read:
+            # The module returned no parts: it failed (a timeout, an interpreter that cannot run, a result that
+            # could not be read). The task's failed_when: false leaves failed false, so its absence is the sign.
+            stderr = str(read.get("module_stderr") or "").strip()
+            merged["read_failed"] = str(read.get("msg") or stderr or "the module failed without a message") + (
+                " (%s)" % stderr.splitlines()[-1][:300] if read.get("msg") and stderr else "")
         for key in READ_KEYS:
             if key in read:
                 merged[key] = read[key]
@@ -570,13 +574,15 @@ VERDICT_KEYS = ("verdict", "reasons", "gpus_ok", "gpus_total", "gpus", "sglang",
 
 
 def gpufleet_check_fleet(hostvars, targets, fact="fleet_check_result"):
-    """host → verdict (:data:`VERDICT_KEYS`) for every targeted host, in target order; a host without a verdict is
-    CRIT (its check never finished: unreachable, or a task failed; the run's output names which)."""
+    """host → verdict (:data:`VERDICT_KEYS`) for every targeted host, in target order; a host without a verdict, or
+    whose verdict still waits for the call with become (``pending.become``), is CRIT (its check never finished:
+    unreachable, or a task failed; the run's output names which)."""
     out = {}
     for host in targets or []:
         hv = hostvars.get(host) if hasattr(hostvars, "get") else None
         result = hv.get(fact) if hv is not None and hasattr(hv, "get") else None
-        if isinstance(result, dict) and result.get("verdict"):
+        # A verdict that still waits for the call with become is not the host's: that call's play lost the host.
+        if isinstance(result, dict) and result.get("verdict") and not (result.get("pending") or {}).get("become"):
             out[str(host)] = dict((key, result[key]) for key in VERDICT_KEYS if key in result)
         else:
             out[str(host)] = {"verdict": "CRIT", "reasons": [_reason(

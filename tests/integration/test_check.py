@@ -303,3 +303,27 @@ def test_fail_on_warn_and_crit(lab, served):
     assert warn.rc != 0 and "at or above WARN" in stdout_of(warn)
     assert crit.rc == 0 and check_stats(crit)[a]["verdict"] == "WARN"
     assert bad.rc != 0 and "gpufleet_check_fail_on=sometimes is not one of" in stdout_of(bad)
+
+
+@pytest.mark.lab_only_once
+def test_a_host_whose_read_did_not_finish_is_crit_not_ok(lab, served):
+    a, b = served[0], served[1]
+    # b: the call with become fails before its module runs (su to a user that does not exist: the task fails, the
+    # host leaves the play): the first call's verdict, still waiting for that call, must not stand for it.
+    other = "{{ '%%s' if inventory_hostname == '%s' else '%%s' }}" % b
+    runner = run_check(lab, {"fleet_check_become": True, "gpufleet_check_fail_on": "never",
+                             "ansible_become_method": other % ("su", "sudo"),
+                             "ansible_become_user": other % ("gpufleet-no-such-user", "root")},
+                       limit="%s,%s" % (a, b))
+    out = stdout_of(runner)
+    stats = check_stats(runner)
+    assert stats[a]["verdict"] == "OK" and stats[b]["verdict"] == "CRIT", out[-3000:]
+    assert [r["code"] for r in stats[b]["reasons"]] == ["unreachable"], stats[b]
+    # a: an interpreter that cannot run returns no part: CRIT check_read_failed, not OK with 0 GPUs.
+    runner = run_check(lab, {"ansible_python_interpreter": "/nonexistent/python", "gpufleet_check_fail_on": "never"},
+                       limit=a)
+    out = stdout_of(runner)
+    stats = check_stats(runner)
+    assert stats[a]["verdict"] == "CRIT", out[-3000:]
+    assert [r["code"] for r in stats[a]["reasons"]] == ["check_read_failed"], stats[a]
+    assert "/nonexistent/python" in stats[a]["reasons"][0]["text"], stats[a]

@@ -520,3 +520,31 @@ def test_what_is_left_on_a_host_follows_the_read_and_the_hosts_that_need_it_are_
     assert chk.gpufleet_check_pending(hostvars, "become") == ["a"]
     assert chk.gpufleet_check_pending(hostvars, "textfile") == ["a", "d"]
     assert set(chk.gpufleet_check_fleet(hostvars, ["a"])["a"]) == set(chk.VERDICT_KEYS)
+
+
+def test_a_read_that_returned_no_part_is_crit_even_when_failed_when_cleared_failed():
+    # failed_when: false leaves "failed" false; the module's own failure is the missing "gathered".
+    broken = {"failed": False, "failed_when_result": False, "rc": 126, "changed": False,
+              "msg": "Module result deserialization failed: No start of json char found",
+              "module_stderr": "/bin/sh: 1: /v/bin/python: Permission denied\n"}
+    verdict = chk.gpufleet_check_verdict([broken])
+    assert verdict["verdict"] == "CRIT" and [r["code"] for r in verdict["reasons"]] == ["check_read_failed"]
+    assert "deserialization failed" in verdict["reasons"][0]["text"] and "Permission denied" in verdict["reasons"][0]["text"]
+    # Only stderr: that is the text.
+    only_stderr = chk.gpufleet_check_verdict([{"rc": 127, "module_stderr": "python: not found"}])
+    assert "python: not found" in only_stderr["reasons"][0]["text"]
+    # A good first read and a broken become read: CRIT, not the first read's OK.
+    good = {"gathered": ["server"], "host": {"managed_pid": 1, "managed_running": False}}
+    assert chk.gpufleet_check_verdict([good, broken])["verdict"] == "CRIT"
+
+
+def test_a_verdict_that_still_waits_for_the_become_call_is_not_the_hosts():
+    ok = _judge({"reads": [{"gathered": ["server"], "host": {}}], "become_reads": ["gpu"]})
+    assert ok["verdict"] == "OK" and ok["pending"]["become"] == ["gpu"]
+    fleet = chk.gpufleet_check_fleet({"h": {"fleet_check_result": ok}}, ["h"])
+    assert fleet["h"]["verdict"] == "CRIT" and fleet["h"]["reasons"][0]["code"] == "unreachable"
+    done = _judge({"reads": [{"gathered": ["server"], "host": {}}, {"gathered": ["gpu"]}]})
+    # After the call with become nothing waits: the fleet takes the host's own verdict.
+    assert done["pending"]["become"] == []
+    assert chk.gpufleet_check_fleet({"h": {"fleet_check_result": done}}, ["h"])["h"] == dict(
+        (key, done[key]) for key in chk.VERDICT_KEYS)
