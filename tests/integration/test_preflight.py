@@ -533,6 +533,11 @@ def test_what_sglang_would_undo_or_refuse_after_the_stop_is_refused_before_it(fl
            if e.get("event") in ("runner_on_ok", "runner_on_failed") and e["event_data"].get("host") == host}
     assert not any(a.endswith("gpufleet_lock") for a in ran), sorted(ran)
     assert any(a.endswith("sglang_preflight_info") for a in ran), sorted(ran)
+    # The summary says what ran: the preflight, passed; not "no task ran".
+    row = fleet.events(allowed, "playbook_on_stats")[-1]["artifact_data"]["gpufleet_restart"][host]
+    assert (row["result"], row["phase"]) == ("check", "preflight") and "preflight passed" in row["cause"], row
+    with open(allowed.stdout.name) as handle:
+        assert "no task ran" not in handle.read()
 
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
