@@ -27,10 +27,10 @@ options:
   gather:
     description:
       - >-
-        Parts to read. C(server) the managed server (pid, running, start time); C(gpu) the GPUs; C(sglang) the
-        server's answers and the launch arguments (the arguments only when it answers a generation);
-        C(nccl_files) the NCCL block in SGLang's files; C(nccl_workers) the workers' environments (only while
-        the server runs).
+        Parts to read. C(server) the managed server (pid, running, start time); C(gpu) the GPUs (and DCGM's health
+        watches where O(dcgmi) is found); C(sglang) the server's answers and the launch arguments (the arguments
+        only when it answers a generation); C(nccl_files) the NCCL block in SGLang's files; C(nccl_workers) the
+        workers' environments (only while the server runs).
       - C(nccl_files) and C(nccl_workers) are read only when O(nccl_env) is not empty.
     type: list
     elements: str
@@ -69,6 +69,21 @@ options:
       - Time limit for the whole GPU read, in seconds; a hung nvidia-smi is abandoned after it.
     type: float
     default: 30
+  dcgmi:
+    description:
+      - >-
+        With C(gpu): NVIDIA DCGM's C(dcgmi), a name looked up on PATH or a path. Where it is found, C(dcgmi health
+        -c -j) is run once (no shell) and its answer returned as RV(dcgm); where a name is not found nothing is
+        read (DCGM is not installed). An empty string skips the read.
+    type: str
+    default: dcgmi
+  dcgmi_timeout_s:
+    description:
+      - >-
+        Time limit for C(dcgmi health -c -j), in seconds (it runs beside the GPU read); a dcgmi that does not
+        answer is abandoned after it (RV(dcgm) then says C(timeout)).
+    type: float
+    default: 10
   xid_window_min:
     description:
       - Minutes of kernel log read for Xid events (0 skips the read).
@@ -194,6 +209,37 @@ gpu:
   description: The M(gpufleet.fleet.nvidia_gpu_info) result (or C(failed), C(msg) and C(error_class)).
   returned: when C(gpu) is gathered
   type: dict
+dcgm:
+  description:
+    - >-
+      What C(dcgmi health -c -j) said, normalized (DCGM's background health watches; docs/dcgm.md). C(status) is
+      C(ok) (read), C(absent) (no dcgmi on PATH: nothing read), C(not_found) (O(dcgmi) names a path that is not
+      there), C(hostengine_down) (dcgmi could not connect to nv-hostengine), C(no_watches) (no health watch is
+      set), C(timeout), C(error) (another non-zero exit) or C(malformed) (not the JSON dcgmi documents).
+    - >-
+      C(overall) is C(pass), C(warn), C(fail) or C(unknown) (C(overall_text) is dcgmi's word); C(incidents) lists
+      one entry per entity and health system with C(entity_group) (C(GPU), C(Switch), ...), C(entity_id),
+      C(gpu) (the GPU id when the entity is a GPU, else null), C(system) (C(pcie), C(nvlink), C(memory),
+      C(thermal), C(power), C(inforom), C(driver), C(sm), C(connectx), C(other)), C(system_text), C(health)
+      (C(warn), C(fail), C(unknown)), C(health_text) and C(message) (DCGM's text). C(dcgmi) is the binary run,
+      C(rc) its exit status, C(msg) what went wrong in dcgmi's own words.
+  returned: when C(gpu) is gathered and O(dcgmi) is not empty
+  type: dict
+  sample:
+    status: ok
+    dcgmi: /usr/bin/dcgmi
+    rc: 0
+    overall: fail
+    overall_text: Failure
+    incidents:
+      - entity_group: GPU
+        entity_id: "3"
+        gpu: 3
+        system: memory
+        system_text: Memory system
+        health: fail
+        health_text: Failure
+        message: Detected 2 volatile double-bit ECC error(s) in GPU 3.
 health:
   description: C(/health_generate) as M(ansible.builtin.uri) returns it, C(status), C(url) and C(msg).
   returned: when C(sglang) is gathered
@@ -227,6 +273,7 @@ import threading
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_dcgm import read_dcgm_health
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_environ import (
     DEFAULT_TITLE_PATTERN,
     WorkerEnvError,
@@ -295,6 +342,9 @@ def gather(module, p):
             return result
     gpu = Background(read_gpu, module, p["backend"], p["gpu_timeout_s"], True, p["xid_window_min"],
                      p["kmsg_path"]) if "gpu" in parts else None
+    # DCGM's health watches, beside the GPU read and bounded like it (dcgmi waits on the host engine and the GPUs).
+    dcgm = Background(read_dcgm_health, p["dcgmi"], p["dcgmi_timeout_s"], module.get_bin_path) \
+        if "gpu" in parts and p["dcgmi"] else None
     pid = p["pid"]
     running = pid is not None
     if "server" in parts:
@@ -333,6 +383,8 @@ def gather(module, p):
             result["workers"] = failed(exc.msg, **exc.kwargs)
     if gpu is not None:
         result["gpu"] = gpu.result()
+    if dcgm is not None:
+        result["dcgm"] = dcgm.result()
     result["gathered"] = [name for name in PARTS if name in parts]
     return result
 
@@ -369,6 +421,8 @@ def main():
             pid=dict(type="int"),
             backend=dict(type="str", choices=["auto", "nvml", "nvidia-smi"], default="auto"),
             gpu_timeout_s=dict(type="float", default=30),
+            dcgmi=dict(type="str", default="dcgmi"),
+            dcgmi_timeout_s=dict(type="float", default=10),
             xid_window_min=dict(type="int", default=60),
             kmsg_path=dict(type="path"),
             url=dict(type="str"),
@@ -389,7 +443,7 @@ def main():
     p = module.params
     if "sglang" in p["gather"] and not p["url"]:
         module.fail_json(msg="url is required to gather sglang (the server's base URL)")
-    for key in ("gpu_timeout_s", "xid_window_min", "request_timeout_s"):
+    for key in ("gpu_timeout_s", "dcgmi_timeout_s", "xid_window_min", "request_timeout_s"):
         if p[key] < 0:
             module.fail_json(msg="%s must be 0 or more (got %s)" % (key, p[key]))
     module.exit_json(**gather(module, p))

@@ -18,6 +18,9 @@ nvlink_down [CRIT], nvlink_errors [WARN], persistence_off [WARN], mig_mode [CRIT
 memory_held_no_server [WARN], foreign_gpu_process [WARN], sglang_not_serving [CRIT], sglang_release [WARN],
 server_args_drift [WARN], nccl_block_missing [CRIT], nccl_block_values [CRIT], nccl_check_failed [WARN],
 nccl_worker_env [CRIT], restart_needed [WARN], root_code_untrusted [CRIT], check_read_failed [CRIT].
+Where dcgmi is installed (docs/dcgm.md): dcgm_health_<system> (pcie, nvlink, memory, thermal, power, inforom,
+driver, sm, connectx, pmu, mcu, other) [DCGM Warning WARN, Failure CRIT], dcgm_hostengine_down [WARN],
+dcgm_no_watches [WARN], dcgm_read_failed [WARN].
 """
 from __future__ import annotations
 
@@ -207,6 +210,44 @@ def gpu_reasons(gpu_result, config=None, server_running=None, server_pids=None):
                 reasons.append(_reason("WARN", "foreign_gpu_process", "pid %s (%s) uses the GPU and is not the "
                                        "server" % (proc.get("pid"), proc.get("name") or "?"), g.get("index")))
     return reasons, count
+
+
+def dcgm_reasons(dcgm):
+    """Reasons from what ``dcgmi health -c -j`` said (the read's ``dcgm``, module_utils/gpufleet_dcgm.py): one per
+    DCGM incident, a Warning WARN and a Failure CRIT, coded after DCGM's health system, with the GPU when the
+    incident names one and DCGM's own message. dcgmi not installed: none; dcgmi that could not answer (no host
+    engine, no watches set, a timeout, output that is not its JSON): one WARN, never CRIT on its own."""
+    if not _ran(dcgm) or dcgm.get("status") in (None, "absent"):
+        return []
+    status = dcgm["status"]
+    said = str(dcgm.get("msg") or "")[:300]
+    if status == "hostengine_down":
+        return [_reason("WARN", "dcgm_hostengine_down", "DCGM health not read: dcgmi cannot reach the host engine "
+                        "(%s); start it (systemctl start nvidia-dcgm) or set fleet_check_dcgmi='' to not read DCGM"
+                        % said)]
+    if status == "no_watches":
+        return [_reason("WARN", "dcgm_no_watches", "DCGM health not read: no health watch is set (%s); set them "
+                        "once with `dcgmi health -s a` (they stay set in the host engine)" % said)]
+    if status != "ok":
+        rc = "" if dcgm.get("rc") is None else ", rc %s" % dcgm["rc"]
+        return [_reason("WARN", "dcgm_read_failed", "DCGM health not read (dcgmi %s%s): %s" % (status, rc, said))]
+    reasons = []
+    for inc in dcgm.get("incidents") or []:
+        health = inc.get("health")
+        if health == "pass":
+            continue
+        system = inc.get("system") or "other"
+        # dcgmi labels incidents DCGM raises for every system (Xid 79, ...) "Internal error": not a system's name.
+        label = inc.get("system_text") if system != "other" else "health"
+        where = "" if inc.get("gpu") is not None else "%s %s: " % (inc.get("entity_group"), inc.get("entity_id"))
+        text = "%sDCGM %s %s: %s" % (where, label or "health", inc.get("health_text") or health,
+                                     str(inc.get("message") or "no message")[:400])
+        reasons.append(_reason("CRIT" if health == "fail" else "WARN", "dcgm_health_%s" % system, text,
+                               inc.get("gpu")))
+    if not reasons and dcgm.get("overall") in ("warn", "fail", "unknown"):
+        reasons.append(_reason("CRIT" if dcgm["overall"] == "fail" else "WARN", "dcgm_health_other",
+                               "DCGM overall health %s, no incident listed" % dcgm.get("overall_text")))
+    return reasons
 
 
 def _server_args_drift(args_info, server_info):
@@ -436,7 +477,7 @@ PARTS = ("server", "gpu", "sglang", "nccl_files", "nccl_workers")
 # unchecked, or need no privilege.
 BECOME_PARTS = ("gpu", "nccl_workers")
 # The keys of a sglang_fleet_check_info result the verdict reads (each shaped as its own module's result).
-READ_KEYS = ("host", "started", "gpu", "health", "server_info", "args", "patch_present", "workers")
+READ_KEYS = ("host", "started", "gpu", "dcgm", "health", "server_info", "args", "patch_present", "workers")
 
 
 def _tag_selected(tags, run_tags, skip_tags):
@@ -514,7 +555,7 @@ def gpufleet_check_verdict(gathered, config=None):
     if _ran(workers) and _ran(gathered.get("host")) and running:
         pids = [gathered["host"].get("managed_pid")] + [w.get("pid") for w in workers.get("workers") or []]
     g_reasons, total = gpu_reasons(gathered.get("gpu"), config, server_running=running, server_pids=pids)
-    reasons = g_reasons + s_reasons
+    reasons = g_reasons + dcgm_reasons(gathered.get("dcgm")) + s_reasons
     reasons.sort(key=lambda r: (-SEVERITY_RANK[r["severity"]], r["gpu"] if r["gpu"] is not None else -1, r["code"]))
     gpu_result = gathered.get("gpu")
     gpus = [_gpu_summary(g, reasons) for g in (gpu_result or {}).get("gpus") or []] if _ran(gpu_result) else []

@@ -329,3 +329,36 @@ def test_a_host_whose_read_did_not_finish_is_crit_not_ok(lab, served):
     assert stats[a]["verdict"] == "CRIT", out[-3000:]
     assert [r["code"] for r in stats[a]["reasons"]] == ["check_read_failed"], stats[a]
     assert "/nonexistent/python" in stats[a]["reasons"][0]["text"], stats[a]
+
+
+@pytest.mark.lab_only_once
+def test_dcgm_health_failure_on_a_gpu_is_crit_and_a_passing_dcgm_is_ok(lab, served):
+    # DCGM installed on both hosts (the lab's stand-in dcgmi, tests/lab/standin/dcgmi_standin.py): a's health watches
+    # report a memory Failure on GPU 3, b's pass. The other tests' hosts have no dcgmi: nothing is said of DCGM there.
+    a, b = served[0], served[1]
+    lab.fault(a, dcgmi={"state": "fail", "gpu": 3})
+    lab.fault(b, dcgmi="pass")
+    try:
+        runner = run_check(lab, {"gpufleet_check_fail_on": "never"}, tags="gpu", limit="%s,%s" % (a, b))
+    finally:
+        lab.clear_faults(a)
+        lab.clear_faults(b)
+    out = stdout_of(runner)
+    assert runner.rc == 0, out[-3000:]
+    assert not os.path.exists(os.path.join(lab.host_dirs[a], "bin", "dcgmi")), "a cleared knob leaves no dcgmi"
+    stats = check_stats(runner)
+    assert stats[b] == {"verdict": "OK", "reasons": [], "gpus_ok": 8, "gpus_total": 8}, stats[b]
+    assert stats[a]["verdict"] == "CRIT" and stats[a]["gpus_ok"] == 7, stats[a]
+    assert codes(stats, a) == {("CRIT", "dcgm_health_memory", 3)}, stats[a]
+    [reason] = stats[a]["reasons"]
+    assert reason["text"] == "DCGM Memory system Failure: Detected 2 volatile double-bit ECC error(s) in GPU 3."
+    # The module returned what dcgmi said; the host's line says DCGM's words, the table names the code and the GPU.
+    [read] = [e["res"]["dcgm"] for e in lab.events(runner, "runner_on_ok", "sglang_fleet_check_info") if e["host"] == a]
+    assert read["status"] == "ok" and read["dcgmi"] == os.path.join(lab.host_dirs[a], "bin", "dcgmi"), read
+    lines = [e["res"]["msg"] for e in lab.events(runner, "runner_on_ok", "debug") if e["host"] == a]
+    assert any(line.startswith("CRIT, GPUs 7/8: CRIT dcgm_health_memory DCGM Memory system Failure: Detected 2 "
+                               "volatile double-bit ECC error(s) in GPU 3.") for line in lines), lines
+    table = out.split("GPUFLEET CHECK", 1)[1]
+    [row] = [line for line in table.splitlines() if line.split()[:1] == [a]]
+    assert row.split()[1:3] == ["CRIT", "7/8"] and "dcgm_health_memory" in row and "3" in row, table
+    assert [line for line in table.splitlines() if line.split()[:3] == [b, "OK", "8/8"]], table

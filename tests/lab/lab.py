@@ -31,6 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(HERE, "standin"))
+import dcgmi_standin  # noqa: E402
 import gpusim  # noqa: E402
 import nsutil  # noqa: E402
 import systemd_host  # noqa: E402
@@ -80,6 +82,9 @@ FAULT_KNOBS = {
     # namespace); it has only /dev/nvidiactl and /dev/nvidia-uvm open. Cleared faults end it.
     "hidden_holder": "a process nvidia-smi does not list holds MiB on a GPU, e.g. {\"gpu\": 3, \"mib\": 20000} (dict)",
     "hidden_holder_after_stop": "as hidden_holder, but it starts when a holder of that GPU goes (the server's stop) (dict)",
+    # NVIDIA DCGM's dcgmi, installed on the host only while this knob is set (standin/dcgmi_standin.py)
+    "dcgmi": "a stand-in `dcgmi health -c -j`: pass|warn|fail|no_watches|hostengine_down|malformed|hang, or "
+             "{\"state\": S, \"gpu\": N} (warn and fail hit GPU 3 by default)",
 }
 
 
@@ -694,6 +699,10 @@ def parse_knob(text):
 
 def set_faults(host, knobs, clear=False):
     """Merge ``knobs`` into HOST_DIR/faults.json (None removes a knob) and tell the host's init (SIGHUP)."""
+    try:
+        dcgmi_standin.check_knob(knobs.get("dcgmi"))
+    except ValueError as exc:
+        raise LabError(str(exc))
     path = os.path.join(host["dir"], "faults.json")
     faults = {} if clear else gpusim.read_json(path, {})
     for k, v in knobs.items():
@@ -703,6 +712,8 @@ def set_faults(host, knobs, clear=False):
             faults[k] = v
     gpusim.write_json_atomic(path, faults)
     gpusim.sync_kmsg(host["dir"], faults)  # the simulated kernel log holds the xid knob's lines
+    # dcgmi exists on the host only while its knob is set: hosts without it keep having no DCGM
+    dcgmi_standin.sync_dcgmi(host["dir"], faults, host.get("python") or sys.executable)
     # SIGHUP to a systemd PID 1 would be a daemon-reload: there the gpusim service applies the knobs
     target = systemd_host.gpusim_pid(host) if host.get("init") == "systemd" else host.get("init_pid")
     if target:
