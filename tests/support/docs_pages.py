@@ -7,7 +7,10 @@
   ``plugins/plugin_utils/check.py`` and the GPU read's error classes in ``plugins/module_utils/`` (a failed GPU read
   becomes a reason named after its class). docs/check-reasons.md must name each one.
 
-Usage: ``python tests/support/docs_pages.py`` rewrites the generated part of docs/inventory.md (``make docs``);
+- :func:`prose_measures` -> lines, words, sentences and paragraphs of a Markdown page's prose (the README's).
+
+Usage: ``python tests/support/docs_pages.py --measure README.md`` prints those measures;
+``python tests/support/docs_pages.py`` rewrites the generated part of docs/inventory.md (``make docs``);
 ``--check`` only says whether it is current (exit 1 when not). tests/unit/test_docs_pages.py runs the same checks.
 """
 import ast
@@ -15,6 +18,7 @@ import glob
 import json
 import os
 import re
+import statistics
 import sys
 
 import yaml
@@ -108,8 +112,9 @@ def inventory_reference(roles_dir=None):
         option = where[0][2]
         defaults = dict(common, **role_defaults(roles_dir, where[0][0]))
         places = ", ".join("`%s`" % (role if entry == "main" else "%s/%s" % (role, entry)) for role, entry, _ in where)
-        rows.append("| `%s` | %s | %s | %s | %s |" % (name, _cell(_type(option)), _cell(_default(name, option, defaults)),
-                                                       places, _cell(_description(option))))
+        cells = (name, _cell(_type(option)), _cell(_default(name, option, defaults)), places,
+                 _cell(_description(option)))
+        rows.append("| `%s` | %s | %s | %s | %s |" % cells)
     return "\n".join(rows) + "\n"
 
 
@@ -148,7 +153,8 @@ def check_reason_codes(root=None):
                 codes.add(code.left.value.replace("%s", "<N>"))  # "xid_%s" % xid
     # Codes passed through a variable: the temperature loop's tuples ("temperature_gpu_c", "gpu_temperature", ...).
     for node in ast.walk(tree):
-        if isinstance(node, ast.Tuple) and len(node.elts) >= 2 and all(isinstance(e, ast.Constant) for e in node.elts[:2]):
+        if isinstance(node, ast.Tuple) and len(node.elts) >= 2 \
+                and all(isinstance(e, ast.Constant) for e in node.elts[:2]):
             first, second = node.elts[0].value, node.elts[1].value
             if isinstance(first, str) and first.startswith("temperature_") and isinstance(second, str):
                 codes.add(second)
@@ -159,7 +165,53 @@ def check_reason_codes(root=None):
     return sorted(codes)
 
 
+def prose_measures(text):
+    """Measures of a Markdown text's prose: {"lines", "words" (whitespace-separated, as ``wc -w``), "paragraphs",
+    "sentences", "median_sentence", "longest_sentence", "longest_paragraph"} (lengths in words). Code blocks and
+    headings are left out. A paragraph is a run of text lines; each list item (without its marker) and each table
+    row's last cell (where the table's prose is; not the header row) is a paragraph of its own.
+    Sentences end at . ! or ? followed by a space."""
+    paragraphs, current, in_code = [], [], False
+
+    def flush():
+        if current:
+            paragraphs.append(" ".join(current))
+            del current[:]
+
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("```"):
+            flush()
+            in_code = not in_code
+        elif in_code or line.startswith("#") or not line.strip():
+            flush()
+        elif line.startswith("|"):
+            flush()
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            header = not previous.startswith("|")
+            if not header and not all(set(c) <= set("-: ") for c in cells):
+                paragraphs.append(cells[-1])
+        else:
+            item = re.match(r"\s*[-*] +", line)
+            if item:
+                flush()
+                line = line[item.end():]
+            current.append(line.strip())
+        previous = line if not in_code else ""
+    flush()
+    sentences = [s for p in paragraphs for s in re.split(r"(?<=[.!?])\s+", p) if s.split()]
+    lengths = [len(s.split()) for s in sentences]
+    return {"lines": len(text.splitlines()), "words": len(text.split()), "paragraphs": len(paragraphs),
+            "sentences": len(sentences), "median_sentence": statistics.median(lengths) if lengths else 0,
+            "longest_sentence": max(lengths or [0]),
+            "longest_paragraph": max([len(p.split()) for p in paragraphs] or [0])}
+
+
 def main(argv):
+    if argv[:1] == ["--measure"]:
+        with open(argv[1], encoding="utf-8") as handle:
+            print(", ".join("%s %s" % (k, v) for k, v in prose_measures(handle.read()).items()))
+        return 0
     with open(INVENTORY_PAGE, encoding="utf-8") as handle:
         text = handle.read()
     new = updated_page(text)

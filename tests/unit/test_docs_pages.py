@@ -68,6 +68,21 @@ def test_readme_is_a_guide_of_at_most_150_lines_with_the_two_commands_at_its_top
     assert re.search(r"^make test$", (ROOT / ".ci" / "run").read_text(encoding="utf-8"), flags=re.M)
 
 
+def test_readme_sentences_stay_short():
+    # The guide's measure (issue 33: the old README's median sentence was 30 words, paragraphs up to 298 words).
+    measures = docs_pages.prose_measures(README)
+    assert measures["median_sentence"] <= 15, measures
+    assert measures["longest_paragraph"] <= 60, measures
+
+
+def test_prose_measures_count_what_they_say():
+    text = ("# T\n\nOne two three. Four five.\n\n```\nnot prose at all here\n```\n- a b c\n- d e\n\n"
+            "| x | y |\n|---|---|\n| `v` | Six words are in this cell. |\n")
+    m = docs_pages.prose_measures(text)
+    assert (m["paragraphs"], m["sentences"], m["longest_sentence"], m["longest_paragraph"]) == (4, 5, 6, 6)
+    assert m["median_sentence"] == 3 and m["lines"] == 13 and m["words"] == 37  # as wc -w: code and markup too
+
+
 def test_every_link_in_the_readme_resolves_to_a_file_and_heading():
     links = _links(README)
     assert sum(1 for t in links if t.startswith("docs/")) >= 10, links
