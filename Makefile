@@ -117,6 +117,11 @@ SANITY_ARGS ?=
 sanity: venv
 	$(VENV)/bin/python tests/support/sanity.py $(SANITY_ARGS)
 
+# docs/inventory.md's table of every role variable, generated from roles/*/meta/argument_specs.yml
+# (tests/unit/test_docs_pages.py fails when the page and the specs disagree).
+docs: venv
+	$(VENV)/bin/python tests/support/docs_pages.py
+
 # The collection tarball (dist/gpufleet-fleet-<version>.tar.gz), installable with ansible-galaxy collection install.
 collection: venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-galaxy collection build --force --output-path dist .

@@ -421,7 +421,7 @@ def test_stale_shm_fault_leaves_segments_in_that_hosts_dev_shm_only(lab):
 
 @pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_stale_shm_mib_really_fills_that_hosts_dev_shm(lab):
-    # README: "fill it with stale_shm=<MiB>"; sparse files would take no tmpfs space at all.
+    # tests/lab/README.md: "fill it with stale_shm=<MiB>"; sparse files would take no tmpfs space at all.
     host = lab.hosts[0]
 
     def used_mib():

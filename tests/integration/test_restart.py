@@ -353,7 +353,7 @@ def test_lock_of_a_run_killed_on_this_controller_is_taken_over(lab):
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_inventory_lock_stale_s_takes_over_an_older_lock(lab):
-    # gpufleet_lock_stale_s is read from the inventory (README); a play var of the same name would override it.
+    # gpufleet_lock_stale_s is read from the inventory (docs/inventory.md); a play var of the same name would override it.
     host = lab.hosts[0]
     ensure_serving(lab, [host])
     host_vars = os.path.join(lab.inventory, "host_vars", host + ".yml")
