@@ -150,7 +150,9 @@ def check_reason_codes(root=None):
             if isinstance(code, ast.Constant) and isinstance(code.value, str):
                 codes.add(code.value)
             elif isinstance(code, ast.BinOp) and isinstance(code.left, ast.Constant):
-                codes.add(code.left.value.replace("%s", "<N>"))  # "xid_%s" % xid
+                # "xid_%s" % xid -> xid_<N>; "dcgm_health_%s" % system -> dcgm_health_<system>
+                name = code.right.id if isinstance(code.right, ast.Name) else "N"
+                codes.add(code.left.value.replace("%s", "<N>" if name == "xid" else "<%s>" % name))
     # Codes passed through a variable: the temperature loop's tuples ("temperature_gpu_c", "gpu_temperature", ...).
     for node in ast.walk(tree):
         if isinstance(node, ast.Tuple) and len(node.elts) >= 2 \
