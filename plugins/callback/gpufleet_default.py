@@ -16,6 +16,7 @@ description:
     banner (a list message is joined with C(; ), whitespace folded, cut after 240 characters). A looped
     C(debug) prints nothing at verbosity 0 (its items changed nothing)."
   - "Warnings and deprecation notices of hidden results are still printed."
+  - "A play that matched no host prints nothing (C(skipping: no hosts matched) from C(-v) on)."
   - "A retry of a gpufleet wait slice (a result with C(progress)) prints only the task banner; the progress line
     comes from the gpufleet_summary callback, instead of C(FAILED - RETRYING ... (N retries left))."
   - "A failed C(fail) or C(assert) task (a message the playbooks write for people) prints as
@@ -81,6 +82,13 @@ class CallbackModule(DefaultCallbackModule):
         self._play = play
         self._pending_play = play
         return None
+
+    def v2_playbook_on_no_hosts_matched(self):
+        # A play whose hosts are computed (check.yml's become and textfile plays, on the hosts that still need
+        # them) has none on most runs: "skipping: no hosts matched" is noise at verbosity 0. A --limit that
+        # matches nothing is still said by Ansible's own warning ("Could not match supplied host pattern").
+        if not self._quiet():
+            super().v2_playbook_on_no_hosts_matched()
 
     def _print_task_banner(self, task):
         pending = getattr(self, "_pending_play", None)

@@ -76,3 +76,35 @@ def test_a_retried_wait_slice_is_not_called_failed(tmp_path):
     assert "TASK [A wait slice]" in out, out
     assert "FAILED - RETRYING" not in out, out
     assert "  localhost: waiting for /health_generate: 5 s of 900 s" in out  # gpufleet_summary's progress line
+
+
+NO_HOSTS_PLAYBOOK = """
+- hosts: "{{ [] }}"
+  gather_facts: false
+  tasks:
+    - name: Never runs
+      ansible.builtin.debug:
+        msg: never
+- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Fails, so the run has a result to print
+      ansible.builtin.fail:
+        msg: the second play ran
+"""
+
+
+def test_a_play_with_no_hosts_says_nothing_at_verbosity_0_and_is_said_with_v(tmp_path):
+    book = tmp_path / "none.yml"
+    book.write_text(NO_HOSTS_PLAYBOOK)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    ap = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    outs = []
+    for args in ([], ["-v"]):
+        proc = subprocess.run([ap, "-i", "localhost,", "-c", "local", str(book), *args], capture_output=True,
+                              text=True, env=env, cwd=str(tmp_path), timeout=120)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        outs.append(proc.stdout + proc.stderr)
+    quiet, verbose = outs
+    assert "the second play ran" in quiet and "no hosts matched" not in quiet
+    assert "skipping: no hosts matched" in verbose
