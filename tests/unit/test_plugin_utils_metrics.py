@@ -221,3 +221,16 @@ def test_promtool_unit_tests_of_the_rules_pass():
                          timeout=60, cwd=str(RULES_TEST.parent))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout
+
+
+def test_prometheus_client_is_a_controller_requirement_of_the_collection_not_a_target_one():
+    from packaging.requirements import Requirement
+    wanted = [Requirement(line) for line in (ROOT / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    [prom] = [r for r in wanted if r.name == "prometheus-client"]
+    for name in ("controller.txt", "controller-ansible-2.20.txt", "controller-ansible-2.21.txt"):
+        pins = dict(line.split("==") for line in (ROOT / "requirements" / name).read_text().splitlines()
+                    if "==" in line and not line.startswith("#"))
+        assert prom.specifier.contains(pins["prometheus-client"]), name
+    # The text is rendered on the controller and copied: a managed host needs no prometheus_client.
+    assert "prometheus" not in (ROOT / "requirements" / "target.txt").read_text()
