@@ -109,6 +109,22 @@ class _Families(object):
             yield family
 
 
+def textfile_requirement(verdict, pending):
+    """(verdict, pending) of one judged host, where a textfile is to be written (``pending["textfile"]``) but
+    prometheus_client is missing on the controller: nothing to write, and the WARN reason textfile_write_failed
+    (the code of a failed write, roles/fleet_check/tasks/textfile.yml) that says what to install. Unchanged
+    otherwise."""
+    if HAS_PROMETHEUS_CLIENT or not (pending or {}).get("textfile"):
+        return verdict, pending
+    reason = {"severity": "WARN", "gpu": None, "code": "textfile_write_failed",
+              "text": "%s/gpufleet.prom not written: the Python package prometheus-client is missing on the "
+                      "controller (pip install -r requirements.txt of the gpufleet.fleet collection; an "
+                      "execution environment built from it has it)" % pending["textfile"]}
+    worse = max([verdict.get("verdict") or "OK", "WARN"], key=SEVERITY_RANK.get)
+    return dict(verdict, verdict=worse, reasons=list(verdict.get("reasons") or []) + [reason]), \
+        dict(pending, textfile="")
+
+
 def gpufleet_check_prom(result, host, now_epoch=None):
     """node_exporter textfile (Prometheus text format 0.0.4, from prometheus_client) for one host's verdict;
     ``host`` is the ``Hostname`` label's value. The metrics and labels are :data:`METRICS`."""

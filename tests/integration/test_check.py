@@ -337,6 +337,32 @@ def test_a_host_whose_read_did_not_finish_is_crit_not_ok(lab, served):
     assert "/nonexistent/python" in stats[a]["reasons"][0]["text"], stats[a]
 
 
+@pytest.mark.lab_only_once
+def test_without_prometheus_client_on_the_controller_the_textfile_is_a_warn_and_the_old_file_stays(lab, served,
+                                                                                                   tmp_path):
+    host = served[0]
+    prom = os.path.join(lab.host_dirs[host], "textfile", "gpufleet.prom")
+    with open(prom, "w") as fh:
+        fh.write("# an earlier check's file\n")
+    # The controller's Python finds a prometheus_client that cannot be imported (as where it is not installed).
+    (tmp_path / "prometheus_client").mkdir()
+    (tmp_path / "prometheus_client" / "__init__.py").write_text("raise ImportError('No module named prometheus_client')\n")
+    runner = run_check(lab, {"gpufleet_textfile_dir": TEXTFILE}, tags="gpu", limit=host,
+                       envvars={"PYTHONPATH": str(tmp_path)})
+    out = stdout_of(runner)
+    assert runner.status == "successful" and runner.rc == 0, out[-3000:]
+    stats = check_stats(runner)
+    assert stats[host]["verdict"] == "WARN", stats[host]
+    [reason] = stats[host]["reasons"]
+    assert reason["code"] == "textfile_write_failed" and reason["text"].startswith(
+        "%s/gpufleet.prom not written: the Python package prometheus-client is missing on the controller"
+        % os.path.dirname(prom)), reason
+    assert not [e for e in lab.events(runner, "runner_on_ok") if e["task"] == "Write gpufleet.prom"]
+    with open(prom) as fh:
+        assert fh.read() == "# an earlier check's file\n"
+    os.remove(prom)
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

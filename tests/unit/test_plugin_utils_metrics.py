@@ -106,6 +106,33 @@ def test_without_prometheus_client_the_textfile_says_what_to_install(monkeypatch
         metrics.gpufleet_check_prom({"verdict": "OK"}, "gpu-01")
 
 
+def test_a_textfile_asked_for_without_prometheus_client_is_a_warn_saying_what_to_install(monkeypatch):
+    monkeypatch.setattr(metrics, "HAS_PROMETHEUS_CLIENT", False)
+    ok = cases.verdict(cases.healthy())
+    verdict, pending = metrics.textfile_requirement(ok, {"become": ["gpu"], "textfile": "/var/lib/ne"})
+    assert pending == {"become": ["gpu"], "textfile": ""}
+    assert verdict["verdict"] == "WARN" and verdict["gpus_ok"] == 8
+    [reason] = verdict["reasons"]
+    assert reason["code"] == "textfile_write_failed" and reason["gpu"] is None and reason["severity"] == "WARN"
+    assert reason["text"].startswith("/var/lib/ne/gpufleet.prom not written: the Python package prometheus-client")
+    g = cases.healthy()
+    g["gpu"]["gpus"][1]["remapped_rows_pending"] = True
+    crit, _ = metrics.textfile_requirement(cases.verdict(g), {"become": [], "textfile": "/d"})
+    assert crit["verdict"] == "CRIT" and [r["code"] for r in crit["reasons"]][-1] == "textfile_write_failed"
+    # Nothing asked for (no directory, check mode): nothing to say.
+    assert metrics.textfile_requirement(ok, {"become": [], "textfile": ""}) == (ok, {"become": [], "textfile": ""})
+    monkeypatch.setattr(metrics, "HAS_PROMETHEUS_CLIENT", True)
+    assert metrics.textfile_requirement(ok, {"become": [], "textfile": "/d"}) == (ok, {"become": [], "textfile": "/d"})
+
+
+def test_the_judge_action_says_the_textfile_cannot_be_written_in_its_line(monkeypatch):
+    monkeypatch.setattr(metrics, "HAS_PROMETHEUS_CLIENT", False)
+    read = {"gathered": ["server"], "host": {"managed_pid": None, "managed_running": False}}
+    result = cases._judge({"reads": [read], "textfile_dir": "/var/lib/ne"})
+    assert result["pending"]["textfile"] == "" and result["verdict"] == "WARN"
+    assert "textfile_write_failed" in result["msg"] and not result["changed"]
+
+
 def test_the_filter_is_the_metrics_function():
     spec = importlib.util.spec_from_file_location("gpufleet_check_filters_m", ROOT / "plugins" / "filter" /
                                                   "gpufleet_check.py")
