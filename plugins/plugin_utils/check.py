@@ -660,4 +660,3 @@ def gpufleet_check_table(fleet):
     body = "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(line)).rstrip() for line in lines)
     return body + "\n%d host(s): %d OK, %d WARN, %d CRIT" % (len(fleet or {}), counts["OK"], counts["WARN"],
                                                              counts["CRIT"])
-
