@@ -478,6 +478,14 @@ def test_the_textfile_joins_dcgm_exporter_series_on_uuid_in_a_real_prometheus(la
                     "gpu": g["index"], "device": "nvidia" + g["index"], "pci_bus_id": g["pci_bus_id"],
                     "modelName": g["name"], "Hostname": host}
                 assert labels["job"] == "node"  # group_left keeps gpufleet's side
+        # Every query the shipped dashboard and rules make runs in this Prometheus; the GPU table's DCGM column
+        # finds each GPU's memory through gpufleet's series.
+        dash = json.loads(open(os.path.join(ROOT, "monitoring", "grafana", "gpufleet.json")).read())
+        exprs = [t["expr"].replace("$Hostname", ".*") for p in dash["panels"] for t in p["targets"]]
+        for expr in exprs:
+            _prom_query(prom_port, expr)
+        [fb] = [e for e in exprs if e.startswith("max by (UUID) (DCGM_FI_DEV_FB_USED")]
+        assert {r["metric"]["UUID"]: float(r["value"][1]) for r in _prom_query(prom_port, fb)} == used
     finally:
         for p in procs:
             p.terminate()

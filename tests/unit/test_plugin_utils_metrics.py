@@ -241,6 +241,18 @@ def test_promtool_checks_the_rules():
     assert "SUCCESS: %d rules found" % len(rule_exprs()) in res.stdout
 
 
+def test_promtool_parses_every_dashboard_query(tmp_path):
+    # As recording rules (Grafana's $Hostname as the "All" value .*): promtool parses each expression.
+    exprs = [e.replace("$Hostname", ".*") for k, e in sorted(dashboard_exprs().items()) if not k.startswith("$")]
+    rules = {"groups": [{"name": "dashboard", "rules": [{"record": "gpufleet:dashboard_query_%d" % i, "expr": e}
+                                                        for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "dashboard.rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    res = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS: %d rules found" % len(exprs) in res.stdout
+
+
 def test_promtool_unit_tests_of_the_rules_pass():
     # gpufleet.rules.test.yml: the CRIT host alerts, the DCGM join fires for the critical GPU only (with
     # dcgm-exporter's labels), the stale check fires after 3 h.
