@@ -24,10 +24,17 @@ setup: system-packages venv
 
 # The lab needs a real sshd and iproute2; the systemd lab (LAB_INIT=systemd, and `make test`, which runs the
 # systemd lab tests: SYSTEMD_LAB=1) also systemd-nspawn and sudo; the check.yml HTML report test renders in
-# headless chromium (`make test`: REPORT_BROWSER=1; `make demo` does without). Nothing else comes from the OS.
+# headless chromium (`make test`: REPORT_BROWSER=1; `make demo` does without); the metrics tests use Debian's
+# prometheus (promtool, and a real server scraping the textfile) and prometheus-node-exporter (`make test`:
+# PROMETHEUS=1), installed with a policy-rc.d that keeps their services from starting and then disabled: the tests
+# start their own on loopback. Nothing else comes from the OS.
 system-packages:
 	@need=""; command -v /usr/sbin/sshd >/dev/null || need="$$need openssh-server"; \
 	 if [ "$(REPORT_BROWSER)" = 1 ]; then command -v chromium >/dev/null || need="$$need chromium"; fi; \
+	 prom=""; if [ "$(PROMETHEUS)" = 1 ]; then \
+	   test -x /usr/bin/promtool || prom="$$prom prometheus"; \
+	   test -x /usr/bin/prometheus-node-exporter || prom="$$prom prometheus-node-exporter"; \
+	 fi; need="$$need$$prom"; \
 	 command -v ip >/dev/null || need="$$need iproute2"; \
 	 command -v unshare >/dev/null || need="$$need util-linux"; \
 	 command -v ssh >/dev/null || need="$$need openssh-client"; \
@@ -39,7 +46,14 @@ system-packages:
 	 fi; \
 	 if [ -n "$$need" ]; then \
 	   if [ "$$(id -u)" != 0 ]; then echo "missing system packages:$$need (run 'make system-packages' as root)"; exit 1; fi; \
+	   rcd=""; if [ -n "$$prom" ] && [ ! -e /usr/sbin/policy-rc.d ]; then \
+	     rcd=/usr/sbin/policy-rc.d; printf '#!/bin/sh\n# gpufleet make system-packages: start no service\nexit 101\n' >$$rcd; \
+	     chmod 755 $$rcd; fi; \
 	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$need >/dev/null; \
+	   rc=$$?; if [ -n "$$rcd" ]; then rm -f $$rcd; fi; \
+	   if [ -n "$$prom" ] && [ -d /run/systemd/system ]; then \
+	     systemctl disable --now prometheus.service prometheus-node-exporter.service >/dev/null 2>&1 || true; fi; \
+	   exit $$rc; \
 	 fi
 
 # A controller environment: $(1) the interpreter, $(2) the venv folder, $(3) the pinned requirements. Also the
@@ -98,6 +112,7 @@ PYTEST_XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist l
 # Every test under ansible-core 2.19 (.venv), all but the lab_only_once ones under 2.21, the unit tests under 2.20.
 test: SYSTEMD_LAB = 1
 test: REPORT_BROWSER = 1
+test: PROMETHEUS = 1
 test: setup venv-new venv-2.20
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 	PATH=$(CURDIR)/$(VENV_NEW)/bin:$$PATH $(VENV_NEW)/bin/python -m pytest -m "not lab_only_once" $(PYTEST_XDIST) $(PYTEST_ARGS)

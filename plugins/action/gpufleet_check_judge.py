@@ -13,6 +13,7 @@ from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import (
     gpufleet_check_verdict,
     pending_steps,
 )
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.metrics import textfile_requirement
 
 ARGUMENT_SPEC = dict(
     reads=dict(type="list", elements="raw", required=True),
@@ -33,8 +34,9 @@ class ActionModule(ActionBase):
         validation, args = self.validate_argument_spec(argument_spec=ARGUMENT_SPEC)
         del validation
         verdict = gpufleet_check_verdict(args["reads"], args["config"] or None)
+        pending = pending_steps(args["reads"], args["become_reads"], args["textfile_dir"],
+                                bool(self._play_context.check_mode))
+        verdict, pending = textfile_requirement(verdict, pending)
         result.update(verdict)
-        result.update(changed=False, msg=gpufleet_check_line(verdict),
-                      pending=pending_steps(args["reads"], args["become_reads"], args["textfile_dir"],
-                                            bool(self._play_context.check_mode)))
+        result.update(changed=False, msg=gpufleet_check_line(verdict), pending=pending)
         return result

@@ -14,7 +14,6 @@ from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import (  # n
     gpufleet_check_fleet,
     gpufleet_check_line,
     gpufleet_check_pending,
-    gpufleet_check_prom,
     gpufleet_check_report,
     gpufleet_check_root_code,
     gpufleet_check_stats,
@@ -26,6 +25,7 @@ from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import (  # n
     short_reasons,
     worker_difference,
 )
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.metrics import gpufleet_check_prom  # noqa: F401 (re-exported)
 
 
 def gpufleet_check_reads(run_tags=None, skip_tags=None, become=False):

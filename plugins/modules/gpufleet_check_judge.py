@@ -43,7 +43,8 @@ options:
   textfile_dir:
     description:
       - The directory of the node_exporter textfile to write (empty for none); returned in RV(pending.textfile) on
-        the same terms, and not in check mode.
+        the same terms, and not in check mode. Without the Python package prometheus-client on the controller
+        nothing is to be written and the verdict gets the WARN reason C(textfile_write_failed) saying so.
     type: str
     default: ""
 extends_documentation_fragment:

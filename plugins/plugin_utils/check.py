@@ -1,5 +1,5 @@
 """The fleet check's decisions (controller side): which parts of a host check.yml reads, the per-host health
-verdict from that read, the fleet view, the table, metrics.
+verdict from that read, the fleet view, the table (the textfile: metrics.py).
 
 Plain functions (no Ansible needed), imported by the gpufleet_check filters (plugins/filter/gpufleet_check.py),
 which the fleet_check role calls with the sglang_fleet_check_info result.
@@ -701,62 +701,3 @@ def gpufleet_check_table(fleet):
     body = "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(line)).rstrip() for line in lines)
     return body + "\n%d host(s): %d OK, %d WARN, %d CRIT" % (len(fleet or {}), counts["OK"], counts["WARN"],
                                                              counts["CRIT"])
-
-
-def _label(value):
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def gpufleet_check_prom(result, host, now_epoch=None):
-    """node_exporter textfile (Prometheus text format 0.0.4) for one host's verdict.
-
-    Metrics: gpufleet_check_verdict{verdict} (1 for the host's verdict, 0 for the others),
-    gpufleet_check_severity (0 OK, 1 WARN, 2 CRIT), gpufleet_check_reasons{code,gpu,severity} (1 per reason),
-    gpufleet_gpus_ok, gpufleet_gpus, gpufleet_gpu_healthy{gpu,uuid}, gpufleet_gpu_temperature_celsius{gpu,uuid},
-    gpufleet_gpu_memory_used_bytes{gpu,uuid}, gpufleet_sglang_serving, gpufleet_nccl_block_present,
-    gpufleet_check_timestamp_seconds.
-    """
-    r = result or {}
-    out = []
-
-    def metric(name, help_text, mtype, samples):
-        out.append("# HELP %s %s" % (name, help_text))
-        out.append("# TYPE %s %s" % (name, mtype))
-        for labels, value in samples:
-            lab = ",".join('%s="%s"' % (k, _label(v)) for k, v in labels)
-            out.append("%s%s %s" % (name, "{%s}" % lab if lab else "", repr(float(value))
-                                    if not float(value).is_integer() else int(value)))
-
-    verdict = r.get("verdict") or "CRIT"
-    host_l = [("host", host)]
-    metric("gpufleet_check_verdict", "gpufleet check verdict of this host (1 for the current verdict).", "gauge",
-           [(host_l + [("verdict", v)], 1 if v == verdict else 0) for v in ("OK", "WARN", "CRIT")])
-    metric("gpufleet_check_severity", "gpufleet check verdict as a number: 0 OK, 1 WARN, 2 CRIT.", "gauge",
-           [(host_l, SEVERITY_RANK.get(verdict, 2))])
-    metric("gpufleet_check_reasons", "One sample per reason found by the gpufleet check.", "gauge",
-           [(host_l + [("code", x["code"]), ("gpu", "" if x["gpu"] is None else x["gpu"]),
-                       ("severity", x["severity"])], 1) for x in r.get("reasons") or []])
-    metric("gpufleet_gpus_ok", "GPUs without any finding.", "gauge", [(host_l, r.get("gpus_ok") or 0)])
-    metric("gpufleet_gpus", "GPUs present (or expected when none could be read).", "gauge",
-           [(host_l, r.get("gpus_total") or 0)])
-    gpus = r.get("gpus") or []
-    metric("gpufleet_gpu_healthy", "1 when the GPU has no finding.", "gauge",
-           [(host_l + [("gpu", g["index"]), ("uuid", g.get("uuid") or "")], 1 if g.get("verdict") == "OK" else 0)
-            for g in gpus])
-    metric("gpufleet_gpu_temperature_celsius", "GPU core temperature.", "gauge",
-           [(host_l + [("gpu", g["index"]), ("uuid", g.get("uuid") or "")], g["temperature_gpu_c"])
-            for g in gpus if _num(g.get("temperature_gpu_c")) is not None])
-    metric("gpufleet_gpu_memory_used_bytes", "GPU memory in use (without the driver's reservation).", "gauge",
-           [(host_l + [("gpu", g["index"]), ("uuid", g.get("uuid") or "")], int(g["memory_used_mib"]) * 1048576)
-            for g in gpus if _num(g.get("memory_used_mib")) is not None])
-    sg = r.get("sglang") or {}
-    if "serving" in sg:
-        metric("gpufleet_sglang_serving", "1 when SGLang answered a generation (/health_generate 200).", "gauge",
-               [(host_l, 1 if sg.get("serving") else 0)])
-    if sg.get("nccl_block") in ("present", "missing", "differs"):
-        metric("gpufleet_nccl_block_present", "1 when the installed engine.py holds the NCCL block with the "
-               "inventory's values.", "gauge", [(host_l, 1 if sg["nccl_block"] == "present" else 0)])
-    if now_epoch is not None:
-        metric("gpufleet_check_timestamp_seconds", "When the gpufleet check ran (Unix time).", "gauge",
-               [(host_l, int(float(now_epoch)))])
-    return "\n".join(out) + "\n"

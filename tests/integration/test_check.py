@@ -1,14 +1,20 @@
 """playbooks/check.yml against the lab: a healthy fleet is all OK (rc 0) with table, stats, JSON, HTML and
-textfile; each injected fault gives its verdict and reason code; fail_on; check mode writes nothing.
+textfile; each injected fault gives its verdict and reason code; fail_on; check mode writes nothing; the textfile,
+scraped by node_exporter into a real Prometheus, joins a dcgm-exporter-shaped series on UUID.
 
 One lab for the module (restart.yml serves every host once); each test undoes its faults."""
+import http.server
 import importlib.util
 import json
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -112,7 +118,7 @@ def test_healthy_fleet_is_ok_with_table_stats_json_html_and_textfile(lab, served
         with open(path) as fh:
             families = {f.name: f for f in parser.text_string_to_metric_families(fh.read())}
         assert families["gpufleet_check_severity"].samples[0].value == 0
-        assert families["gpufleet_check_severity"].samples[0].labels == {"host": host}
+        assert families["gpufleet_check_severity"].samples[0].labels == {"Hostname": host}
         assert families["gpufleet_gpus_ok"].samples[0].value == 8
         assert families["gpufleet_sglang_serving"].samples[0].value == 1
         # Atomic write: no temporary file left next to it.
@@ -362,3 +368,167 @@ def test_dcgm_health_failure_on_a_gpu_is_crit_and_a_passing_dcgm_is_ok(lab, serv
     [row] = [line for line in table.splitlines() if line.split()[:1] == [a]]
     assert row.split()[1:3] == ["CRIT", "7/8"] and "dcgm_health_memory" in row and "3" in row, table
     assert [line for line in table.splitlines() if line.split()[:3] == [b, "OK", "8/8"]], table
+
+
+@pytest.mark.lab_only_once
+def test_without_prometheus_client_on_the_controller_the_textfile_is_a_warn_and_the_old_file_stays(lab, served,
+                                                                                                   tmp_path):
+    host = served[0]
+    prom = os.path.join(lab.host_dirs[host], "textfile", "gpufleet.prom")
+    with open(prom, "w") as fh:
+        fh.write("# an earlier check's file\n")
+    # The controller's Python finds a prometheus_client that cannot be imported (as where it is not installed).
+    (tmp_path / "prometheus_client").mkdir()
+    (tmp_path / "prometheus_client" / "__init__.py").write_text("raise ImportError('No module named prometheus_client')\n")
+    runner = run_check(lab, {"gpufleet_textfile_dir": TEXTFILE}, tags="gpu", limit=host,
+                       envvars={"PYTHONPATH": str(tmp_path)})
+    out = stdout_of(runner)
+    assert runner.status == "successful" and runner.rc == 0, out[-3000:]
+    stats = check_stats(runner)
+    assert stats[host]["verdict"] == "WARN", stats[host]
+    [reason] = stats[host]["reasons"]
+    assert reason["code"] == "textfile_write_failed" and reason["text"].startswith(
+        "%s/gpufleet.prom not written: the Python package prometheus-client is missing on the controller"
+        % os.path.dirname(prom)), reason
+    assert not [e for e in lab.events(runner, "runner_on_ok") if e["task"] == "Write gpufleet.prom"]
+    with open(prom) as fh:
+        assert fh.read() == "# an earlier check's file\n"
+    os.remove(prom)
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _dcgm_exporter_text(gpus_by_host):
+    """dcgm-exporter's shape of DCGM_FI_DEV_FB_USED (MiB) and its labels, for the GPUs nvidia-smi listed."""
+    lines = ["# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).", "# TYPE DCGM_FI_DEV_FB_USED gauge"]
+    for host, gpus in gpus_by_host.items():
+        for g in gpus:
+            lines.append('DCGM_FI_DEV_FB_USED{gpu="%s",UUID="%s",pci_bus_id="%s",device="nvidia%s",modelName="%s",'
+                         'Hostname="%s",DCGM_FI_DRIVER_VERSION="580.159.04"} %s'
+                         % (g["index"], g["uuid"], g["pci_bus_id"], g["index"], g["name"], host, g["used_mib"]))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _prom_query(port, expr):
+    url = "http://127.0.0.1:%d/api/v1/query?%s" % (port, urllib.parse.urlencode({"query": expr}))
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        doc = json.load(resp)
+    assert doc["status"] == "success", doc
+    return doc["data"]["result"]
+
+
+@pytest.mark.lab_only_once
+def test_the_textfile_joins_dcgm_exporter_series_on_uuid_in_a_real_prometheus(lab, served, tmp_path):
+    """check.yml writes gpufleet.prom; Debian's node_exporter serves it (textfile collector only), a stand-in
+    serves dcgm-exporter's DCGM_FI_DEV_FB_USED for the same GPUs, Debian's Prometheus scrapes both (1 s): the
+    PromQL join on UUID gives each GPU's memory with gpufleet's labels, and all six GPU labels agree."""
+    binaries = {name: shutil.which(name) for name in ("prometheus", "prometheus-node-exporter")}
+    if not all(binaries.values()):
+        if os.environ.get("CI"):
+            pytest.fail("Debian's prometheus and prometheus-node-exporter are missing: make system-packages PROMETHEUS=1")
+        pytest.skip("Debian's prometheus / prometheus-node-exporter missing (make system-packages PROMETHEUS=1)")
+    hosts = served[:2]
+    runner = run_check(lab, {"gpufleet_textfile_dir": TEXTFILE}, tags="gpu", limit=",".join(hosts))
+    assert runner.status == "successful" and runner.rc == 0, stdout_of(runner)[-3000:]
+    gpus_by_host = {}
+    for host in hosts:
+        out = lab.exec(host, ["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id,name,memory.used",
+                              "--format=csv,noheader,nounits"], check=True).stdout
+        rows = [[c.strip() for c in line.split(",")] for line in out.strip().splitlines()]
+        gpus_by_host[host] = [dict(zip(("index", "uuid", "pci_bus_id", "name", "used_mib"), r)) for r in rows]
+        assert len(gpus_by_host[host]) == 8, out
+    used = {g["uuid"]: float(g["used_mib"]) for gpus in gpus_by_host.values() for g in gpus}
+    assert len(used) == 16 and all(v > 0 for v in used.values()), used  # the served lab holds GPU memory
+    body = _dcgm_exporter_text(gpus_by_host)
+
+    class Dcgm(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    dcgm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Dcgm)
+    threading.Thread(target=dcgm.serve_forever, daemon=True).start()
+    procs, logs = [], []
+    try:
+        targets = []
+        for host in hosts:
+            port = _free_port()
+            log = open(tmp_path / ("node-exporter-%s.log" % host), "w")
+            logs.append(log)
+            procs.append(subprocess.Popen([binaries["prometheus-node-exporter"], "--collector.disable-defaults",
+                                           "--collector.textfile", "--collector.textfile.directory=%s"
+                                           % os.path.join(lab.host_dirs[host], "textfile"),
+                                           "--web.listen-address=127.0.0.1:%d" % port],
+                                          stdout=log, stderr=subprocess.STDOUT))
+            targets.append("127.0.0.1:%d" % port)
+        (tmp_path / "prometheus.yml").write_text(json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "scrape_configs": [{"job_name": "node", "static_configs": [{"targets": targets}]},
+                               {"job_name": "dcgm", "static_configs": [
+                                   {"targets": ["127.0.0.1:%d" % dcgm.server_address[1]]}]}]}))
+        prom_port = _free_port()
+        log = open(tmp_path / "prometheus.log", "w")
+        logs.append(log)
+        procs.append(subprocess.Popen([binaries["prometheus"], "--config.file=%s" % (tmp_path / "prometheus.yml"),
+                                       "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
+                                       "--web.listen-address=127.0.0.1:%d" % prom_port],
+                                      stdout=log, stderr=subprocess.STDOUT))
+        join = "gpufleet_gpu_healthy * on(UUID) group_left DCGM_FI_DEV_FB_USED"
+        # One-to-one on all six labels: gpufleet names each GPU exactly as dcgm-exporter does.
+        strict = "gpufleet_gpu_healthy * on(gpu, UUID, pci_bus_id, device, modelName, Hostname) DCGM_FI_DEV_FB_USED"
+        deadline, result = time.monotonic() + 25, []
+        while time.monotonic() < deadline:
+            try:
+                result = _prom_query(prom_port, join)
+            except OSError:  # not listening yet
+                result = []
+            if len(result) == 16:
+                break
+            time.sleep(0.5)
+        for p in procs:
+            assert p.poll() is None, "exited %s: see %s" % (p.returncode, tmp_path)
+        assert len(result) == 16, (result, _prom_query(prom_port, "up"))
+        assert len(_prom_query(prom_port, strict)) == 16
+        assert [r["value"][1] for r in _prom_query(prom_port, "node_textfile_scrape_error")] == ["0", "0"]
+        joined = {r["metric"]["UUID"]: (r["metric"], float(r["value"][1])) for r in result}
+        assert set(joined) == set(used)
+        for host, gpus in gpus_by_host.items():
+            for g in gpus:
+                labels, value = joined[g["uuid"]]
+                # The served lab is OK on every GPU: healthy 1 times DCGM's MiB.
+                assert value == used[g["uuid"]], (labels, value)
+                assert {k: labels[k] for k in ("gpu", "device", "pci_bus_id", "modelName", "Hostname")} == {
+                    "gpu": g["index"], "device": "nvidia" + g["index"], "pci_bus_id": g["pci_bus_id"],
+                    "modelName": g["name"], "Hostname": host}
+                assert labels["job"] == "node"  # group_left keeps gpufleet's side
+        # Every query the shipped dashboard and rules make runs in this Prometheus; the GPU table's DCGM column
+        # finds each GPU's memory through gpufleet's series.
+        dash = json.loads(open(os.path.join(ROOT, "monitoring", "grafana", "gpufleet.json")).read())
+        exprs = [t["expr"].replace("$Hostname", ".*") for p in dash["panels"] for t in p["targets"]]
+        for expr in exprs:
+            _prom_query(prom_port, expr)
+        [fb] = [e for e in exprs if e.startswith("max by (UUID) (DCGM_FI_DEV_FB_USED")]
+        assert {r["metric"]["UUID"]: float(r["value"][1]) for r in _prom_query(prom_port, fb)} == used
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+        dcgm.shutdown()
+        dcgm.server_close()
+        for log in logs:
+            log.close()

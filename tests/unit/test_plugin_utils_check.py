@@ -1,6 +1,6 @@
 """Unit tests of plugins/plugin_utils/check.py (the gpufleet_check filters' core): one test per verdict rule, the
-reads check.yml asks for, the fleet view, JSON schema, the Prometheus textfile (parsed with prometheus_client) and
-the table."""
+reads check.yml asks for, the fleet view, JSON schema and the table (the
+Prometheus textfile: test_plugin_utils_metrics.py)."""
 import copy
 import importlib.util
 import json
@@ -256,25 +256,6 @@ def test_unreachable_verdict():
 def test_failing_hosts_by_fail_on(fail_on, expected):
     fleet = {"o": {"verdict": "OK"}, "w": {"verdict": "WARN"}, "c": {"verdict": "CRIT"}}
     assert chk.gpufleet_check_failing(fleet, fail_on) == expected
-
-
-def test_textfile_parses_with_prometheus_client():
-    parser = pytest.importorskip("prometheus_client.parser")
-    g = healthy()
-    g["gpu"]["gpus"][1]["ecc_errors_uncorrected_volatile_total"] = 4
-    r = verdict(g)
-    text = chk.gpufleet_check_prom(r, 'gpu-"01"', now_epoch=1764570000.5)
-    families = {f.name: f for f in parser.text_string_to_metric_families(text)}
-    sev = families["gpufleet_check_severity"].samples[0]
-    assert sev.value == 2 and sev.labels == {"host": 'gpu-"01"'}
-    reasons = families["gpufleet_check_reasons"].samples
-    assert [(s.labels["code"], s.labels["gpu"], s.labels["severity"]) for s in reasons] == [("ecc_uncorrected", "1", "CRIT")]
-    healthy_by_gpu = {s.labels["gpu"]: s.value for s in families["gpufleet_gpu_healthy"].samples}
-    assert healthy_by_gpu["1"] == 0 and healthy_by_gpu["0"] == 1
-    assert families["gpufleet_gpu_memory_used_bytes"].samples[0].value == 120009 * 1048576
-    verdicts = {s.labels["verdict"]: s.value for s in families["gpufleet_check_verdict"].samples}
-    assert verdicts == {"OK": 0, "WARN": 0, "CRIT": 1}
-    assert families["gpufleet_nccl_block_present"].samples[0].value == 1
 
 
 def test_table_lists_each_host_with_short_reasons_and_counts():
