@@ -60,6 +60,15 @@ def _names(hosts):
     return ", ".join(hosts[:_SHOWN]) + (" and %d more" % (len(hosts) - _SHOWN) if len(hosts) > _SHOWN else "")
 
 
+def _kind(value):
+    """What ``value`` is, in words (Ansible's own string and list types are str and list subclasses)."""
+    for kind, word in ((bool, "boolean"), (str, "string"), (Mapping, "mapping"), ((list, tuple), "list"),
+                       ((int, float), "number")):
+        if isinstance(value, kind):
+            return word
+    return type(value).__name__
+
+
 def check_errors(check, verdicts=None):
     """Why ``check`` (``gpufleet_check``) and ``verdicts`` (``gpufleet_restart_verdicts``) cannot decide which hosts
     to restart, one message per problem naming the variable; [] when ``check`` is unset (None, ``""``, ``{}``) or
@@ -72,7 +81,7 @@ def check_errors(check, verdicts=None):
         if not isinstance(check, Mapping):
             errors.append("gpufleet_check is a %s; give the fleet check's verdicts as a mapping host -> {verdict: "
                           "OK|WARN|CRIT, ...} (check.yml's set_stats gpufleet_check, which an AWX workflow passes "
-                          "on), or leave it unset to restart every targeted host" % type(check).__name__)
+                          "on), or leave it unset to restart every targeted host" % _kind(check))
         else:
             bad = [h for h, entry in check.items()
                    if not isinstance(entry, Mapping) or str(entry.get("verdict") or "").upper() not in VERDICTS]

@@ -189,7 +189,7 @@ def test_after_a_fleet_check_a_crit_host_is_left_serving_and_an_ok_host_is_resta
     # A malformed artifact is refused before any host is touched (not read as "no check": every host restarted).
     runner = lab.run_playbook(RESTART, extravars=dict(FAST, gpufleet_check="%s=CRIT" % crit),
                               limit="%s,%s" % (crit, fine))
-    assert runner.status == "failed" and "gpufleet_check is a str" in failed_msgs(lab, runner), stdout_of(runner)[-3000:]
+    assert runner.status == "failed" and "gpufleet_check is a string" in failed_msgs(lab, runner), stdout_of(runner)[-3000:]
     assert lab.events(runner, "runner_on_ok", "sglang_server_args_info") == []
 
     check = {crit: {"verdict": "CRIT", "gpus_ok": 7, "gpus_total": 8,

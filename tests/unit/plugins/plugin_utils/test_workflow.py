@@ -52,7 +52,8 @@ def test_the_check_stats_check_yml_publishes_are_accepted_as_they_are():
 
 def test_malformed_check_results_are_refused_naming_the_variable():
     [error] = workflow.check_errors("h1=CRIT")
-    assert error.startswith("gpufleet_check is a str;")
+    assert error.startswith("gpufleet_check is a string;")
+    assert workflow.check_errors(["h1"])[0].startswith("gpufleet_check is a list;")
     [error] = workflow.check_errors({"h1": OK, "h2": {"verdict": "BAD"}, "h3": "CRIT"})
     assert "gives no verdict (OK, WARN or CRIT) for h2, h3" in error
     # refused input decides nothing here (the guard has failed the run)
