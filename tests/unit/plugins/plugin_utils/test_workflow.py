@@ -63,6 +63,8 @@ def test_malformed_check_results_are_refused_naming_the_variable():
 def test_restart_verdicts_must_name_verdicts():
     assert workflow.check_errors({"h1": OK}, ["OK", "WARN"]) == []
     assert workflow.check_errors({"h1": OK}, "") == [] and workflow.check_errors({"h1": OK}, None) == []
+    # the maintenance workflow's survey answers (awx/configure.yml): text, read as a list
+    assert workflow.check_errors({"h1": OK}, "OK") == [] and workflow.check_errors({"h1": OK}, "OK, WARN") == []
     [error] = workflow.check_errors(None, ["OK", "GOOD"])
     assert "gpufleet_restart_verdicts names GOOD" in error
     [error] = workflow.check_errors(None, [])
