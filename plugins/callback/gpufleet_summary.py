@@ -13,11 +13,12 @@ description:
     hosts without a row get one from what the run saw: C(unreachable) with the phase it was in and what the host
     may be doing, C(failed) with the failing task's message, C(not_started) when the run stopped before their
     turn, C(not_reached) when no task ran for them."
-  - "Columns: host, result (ok|check|failed|rolled_back|refused|not_started|not_reached|unreachable), downtime_s
-    (s, stop start → a server answered again; C(down:N) = still down, N s so far; 0.0 = no server ran before),
-    release_wait_ms (ms), tokens_per_s, nccl (ok|fail), old_pid, new_pid (after a rollback: the relaunched previous
-    server). Below the table, hosts that are ok with a note (no server ran before the run: a first launch, or a
-    host that was down; a launch that the verify phase did not check) get one line per note, and each host that
+  - "Columns: host, result (ok|check|skipped|failed|rolled_back|refused|not_started|not_reached|unreachable;
+    skipped = left untouched after a fleet check, C(gpufleet_check)), downtime_s (s, stop start → a server
+    answered again; C(down:N) = still down, N s so far; 0.0 = no server ran before), release_wait_ms (ms),
+    tokens_per_s, nccl (ok|fail), old_pid, new_pid (after a rollback: the relaunched previous server). Below the
+    table, hosts that are ok with a note (no server ran before the run: a first launch, or a host that was down; a
+    launch that the verify phase did not check) get one line per note, and each host that
     is not ok gets its phase, cause, rollback and what to do next. Hosts whose lines say the same share them
     (a guard failure or a fleet-wide refusal is said once, with the hosts it concerns; more than six are named by
     their first three, the last and the count); the host's own name in such a shared line reads C(<host>)."
@@ -184,7 +185,7 @@ def build_rows(targets, rows, fact_rows, unreachable, failed):
         if host not in order:
             order.append(host)
     stopped = any(h in failed or h in unreachable for h in order) or any(
-        (r or {}).get("result") not in ("ok", "check", None) for r in rows.values())
+        (r or {}).get("result") not in ("ok", "check", "skipped", None) for r in rows.values())
     out = []
     for host in order:
         row = dict(rows.get(host) or fact_rows.get(host) or {})

@@ -32,7 +32,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils import schema
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import schema, workflow
 
 _INT = re.compile(r"^\s*[0-9]+\s*$")
 _PCT = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
@@ -365,7 +365,8 @@ def gpufleet_guard_errors(values, host=None):
     yes/no/true/false/on/off/1/0), ``target`` (a string: a host,
     group or pattern), and the restart's timeouts, slices, poll intervals and the launch's and verification's
     numeric settings (``schema.TUNABLES``: a number, whole where the role wants an int, in its range; checked here because
-    their roles run after the stop), and ``sglang_verify_min_workers`` against the worker processes
+    their roles run after the stop), a fleet check's ``gpufleet_check`` and ``gpufleet_restart_verdicts``
+    (:func:`.workflow.check_errors`), and ``sglang_verify_min_workers`` against the worker processes
     ``sglang_launch_args`` starts (see :func:`_min_workers_error`). ``host`` (str) prefixes each message when given.
     """
     # .get only: ``values`` may be a host's hostvars, whose other entries are templated only when read.
@@ -416,6 +417,8 @@ def gpufleet_guard_errors(values, host=None):
     if not gpufleet_unset(target) and not isinstance(target, str):
         errors.append("target=%s is a %s; give a host, a group or an Ansible host pattern as text "
                       "(e.g. gpu-01 or 'gpu_hosts:!gpu-07')" % (_show(target), type(target).__name__))
+    # A fleet check's verdicts (an AWX workflow passes check.yml's gpufleet_check on): plugin_utils/workflow.py
+    errors.extend(workflow.check_errors(values.get("gpufleet_check"), values.get("gpufleet_restart_verdicts")))
     if host:
         errors = ["%s: %s" % (host, e) for e in errors]
     return errors
@@ -424,7 +427,8 @@ def gpufleet_guard_errors(values, host=None):
 # Variables whose messages here say more than validate_argument_spec's: the serial and the capacity, the target,
 # every number with a range and every switch. Every other variable a run was given is checked against its type and
 # choices by ansible.builtin.validate_argument_spec (gpufleet_guard_argument_specs).
-_OWN_MESSAGES = ("gpufleet_serial", "gpufleet_max_unavailable", "target")
+_OWN_MESSAGES = ("gpufleet_serial", "gpufleet_max_unavailable", "target", "gpufleet_check",
+                 "gpufleet_restart_verdicts")
 
 
 def _given(values, variables):

@@ -303,3 +303,145 @@ def test_awx_configuration_parses_lints_clean_and_names_real_playbooks(tools, tm
     for module in awx_vars["gpufleet_awx_ad_hoc_commands"]:
         if module.startswith("gpufleet.fleet."):
             assert os.path.exists(os.path.join(ROOT, "plugins", "modules", module.split(".")[-1] + ".py"))
+    _workflow_nodes_name_real_templates(play, tasks, jt)
+    _credential_types_inject_what_the_playbooks_read(play, jt)
+    _rendered_arguments_pass_the_awx_modules_specs(text, tools, tmp_path)
+    _workflow_nodes_match_the_documented_suboptions(play, tasks, tools)
+
+
+def _read_by(variable, *paths):
+    """True when ``variable`` (a whole word) appears in the files under ``paths`` (relative to the checkout)."""
+    return subprocess.run(["grep", "-rqw", variable, *paths], cwd=ROOT).returncode == 0
+
+
+def _workflow_nodes_name_real_templates(play, tasks, jt):
+    """The maintenance workflow: check -> (success) restart -> (always) check, each node a job template this
+    playbook creates, the first check unsliced and told to fail on nothing but a broken run (prompts its job
+    template accepts), the restart reading the check's artifact (gpufleet_check)."""
+    [wf] = [t["awx.awx.workflow_job_template"] for t in tasks.values() if "awx.awx.workflow_job_template" in t]
+    templates = {"{{ _p }} %s" % item["name"]: item for item in jt["loop"]}
+    nodes = {node["identifier"]: node for node in wf["workflow_nodes"]}
+    for node in nodes.values():
+        assert node["unified_job_template"]["type"] == "job_template"
+        assert node["unified_job_template"]["name"] in templates, node["unified_job_template"]
+        for edge in ("success_nodes", "failure_nodes", "always_nodes"):
+            for child in (node.get("related") or {}).get(edge, []):
+                assert child["identifier"] in nodes, child
+        item = templates[node["unified_job_template"]["name"]]
+        # extra_data reaches a job only for variables its template's survey asks (or ask_variables_on_launch)
+        assert set(node.get("extra_data") or {}) <= {q["variable"] for q in item["questions"]}, node
+    edges = {(parent, edge, child["identifier"]) for parent, node in nodes.items()
+             for edge, children in (node.get("related") or {}).items() for child in children}
+    assert edges == {("check-before", "success_nodes", "restart"), ("restart", "always_nodes", "check-after")}
+    assert [nodes[n]["unified_job_template"]["name"] for n in ("check-before", "restart", "check-after")] == \
+        ["{{ _p }} check", "{{ _p }} restart", "{{ _p }} check"]
+    assert nodes["check-before"]["extra_data"] == {"gpufleet_check_fail_on": "never"}
+    # unsliced: a sliced job's artifacts are its slices' merged key by key (one slice's gpufleet_check would win)
+    assert nodes["check-before"]["job_slice_count"] == 1
+    assert jt["awx.awx.job_template"]["ask_job_slice_count_on_launch"] == "{{ item.slices | int > 1 }}"
+    assert templates["{{ _p }} check"]["slices"] == "{{ gpufleet_awx_check_slice_count }}"
+    assert templates["{{ _p }} restart"]["slices"] == 1  # never sliced: slices would roll at once
+    assert "gpufleet_check:" in open(os.path.join(ROOT, "playbooks", "check.yml")).read()  # the artifact's key
+    assert _read_by("gpufleet_check", "playbooks/restart.yml") and _read_by("gpufleet_restart_verdicts", "playbooks/restart.yml")
+    for question in wf["survey_spec"]["spec"][1:]:
+        assert _read_by(question["variable"], "playbooks", "roles"), question["variable"]
+    assert wf["notification_templates_error"] == ["{{ _p }} failure"]
+
+
+def _credential_types_inject_what_the_playbooks_read(play, jt):
+    """Each credential type: secret inputs, extra_vars injectors (the playbooks read variables, not the
+    environment) that render one of its fields into a variable the playbooks or roles read; its credential is
+    attached to job templates whose playbook reads that variable; no key in a survey."""
+    injected = {}
+    for ctype in play["vars"]["_credential_types"]:
+        fields = {f["id"]: f for f in ctype["inputs"]["fields"]}
+        assert all(f.get("secret") is True for f in fields.values()), ctype["name"]
+        assert set(ctype["injectors"]) == {"extra_vars"}, ctype["injectors"]
+        for variable, template in ctype["injectors"]["extra_vars"].items():
+            field = re.fullmatch(r"\{% raw %\}\{\{ (\w+) \}\}\{% endraw %\}", template)
+            assert field and field.group(1) in fields, template
+            assert _read_by(variable, "roles", "playbooks"), variable
+            injected[variable] = ctype["name"]
+    assert set(injected) == {"sglang_api_key", "gpufleet_router_api_key", "gpufleet_router_control_plane_key"}
+    credentials = play["vars"]["_api_credentials"]
+    reads = {"restart": ("sglang_api_key", "gpufleet_router_api_key"), "check": ("sglang_api_key",)}
+    for item in jt["loop"]:
+        assert set(item["api_keys"]) <= set(credentials), item["name"]
+        assert sorted(item["api_keys"]) == sorted({"sglang_api_key": "sglang", "gpufleet_router_api_key": "router"}[v]
+                                                  for v in reads.get(item["name"], ())), item["name"]
+        for question in item["questions"]:
+            assert "key" not in question["variable"], question
+    assert "sglang_api_key" in open(os.path.join(ROOT, "roles", "fleet_check", "vars", "main.yml")).read()
+
+
+def _undocumented(value, options, where):
+    """Keys of ``value`` (nested dicts and lists of dicts) that ``options`` (a module's documented suboptions) does
+    not name, and values outside a documented ``choices``; as "path: problem" strings."""
+    problems = []
+    if not isinstance(value, dict):
+        return problems
+    for key, sub in value.items():
+        path = "%s.%s" % (where, key)
+        if key not in options:
+            problems.append("%s: not a documented suboption" % path)
+            continue
+        spec = options[key]
+        if spec.get("choices") and "{{" not in str(sub) and sub not in spec["choices"]:
+            problems.append("%s: %r not in %s" % (path, sub, spec["choices"]))
+        for item in (sub if isinstance(sub, list) else [sub]):
+            if spec.get("suboptions"):
+                problems += _undocumented(item, spec["suboptions"], path)
+    return problems
+
+
+def _workflow_nodes_match_the_documented_suboptions(play, tasks, tools):
+    """awx.awx's workflow_job_template takes workflow_nodes as a list of plain dicts (its code reads them, Ansible
+    checks nothing inside them): they are held to the suboptions its documentation gives (awx.awx 22.7.0), and to
+    the keys its code reads with [] (identifier, unified_job_template's name and type)."""
+    module = os.path.join(tools["collections"], "ansible_collections", "awx", "awx", "plugins", "modules",
+                          "workflow_job_template.py")
+    import ast
+    [doc] = [node.value.value for node in ast.parse(open(module).read()).body if isinstance(node, ast.Assign)
+             and [getattr(t, "id", None) for t in node.targets] == ["DOCUMENTATION"]]
+    options = yaml.safe_load(doc)["options"]["workflow_nodes"]["suboptions"]
+    [wf] = [t["awx.awx.workflow_job_template"] for t in tasks.values() if "awx.awx.workflow_job_template" in t]
+    for node in wf["workflow_nodes"]:
+        assert _undocumented(node, options, node["identifier"]) == []
+        assert node["identifier"] and node["unified_job_template"]["name"] and node["unified_job_template"]["type"]
+
+
+def _rendered_arguments_pass_the_awx_modules_specs(text, tools, tmp_path):
+    """ansible-lint's args rule skips a task whose values are templated, as most here are: the rendered values are
+    checked by running the playbook as AWX runs jobs (ansible-runner) against a controller that refuses connections,
+    every task, the optional credentials included. awx.awx validates its argument spec before it connects, so each
+    module call must fail on the connection alone (an unknown option, a wrong type or choice fails before it)."""
+    import ansible_runner
+    probe = tmp_path / "awx-probe"
+    (probe / "runner").mkdir(parents=True)
+    (probe / "configure.yml").write_text(
+        text.replace("  gather_facts: false\n", "  gather_facts: false\n  ignore_errors: true\n", 1)
+        .replace("      no_log: true\n", "      no_log: false\n"))  # dummy keys: let the results show the message
+    shutil.copy(os.path.join(ROOT, "awx", "vars.yml"), str(probe / "vars.yml"))
+    runner = ansible_runner.run(
+        private_data_dir=str(probe / "runner"), playbook=str(probe / "configure.yml"), quiet=True,
+        envvars={"CONTROLLER_HOST": "https://127.0.0.1:9", "CONTROLLER_OAUTH_TOKEN": "probe",
+                 "GPUFLEET_AWX_SGLANG_API_KEY": "probe-key", "GPUFLEET_AWX_ROUTER_API_KEY": "probe-key",
+                 "ANSIBLE_COLLECTIONS_PATH": tools["collections"] + ":" + os.path.join(ROOT, "collections")},
+        extravars={"gpufleet_awx_sglang_api_key_credential": True, "gpufleet_awx_router_credential": True,
+                   "gpufleet_awx_maintenance_enabled": True,
+                   # what the settings lookup would have read (it fails on the connection like the modules)
+                   "_gpufleet_awx_ad_hoc_now": ["command"]})
+    calls = {}
+    for event in runner.events:
+        data = event.get("event_data") or {}
+        if event.get("event") in ("runner_on_failed", "runner_item_on_failed", "runner_on_ok") and \
+                not (data.get("res") or {}).get("results"):
+            calls.setdefault(data["task"], []).append(str((data.get("res") or {}).get("msg")))
+    play = yaml.safe_load(text)[0]
+    expected = {t["name"] for t in play["tasks"] if any(k.startswith("awx.awx.") for k in t)}
+    assert expected <= set(calls), sorted(expected - set(calls))
+    for task, messages in calls.items():
+        for message in messages:
+            assert "trying to connect to https://127.0.0.1:9" in message, (task, message)
+    assert len(calls["Job templates restart, check, patch, unlock (surveys, API-key credentials, slicing, failure "
+                     "notification)"]) == 4

@@ -180,6 +180,43 @@ def test_empty_survey_answers_count_as_unset(lab):
     assert summary_rows(out)[host][1] == "ok"
 
 
+# -- after a fleet check (the AWX workflow check -> restart -> check) ----------------------------------------
+
+def test_after_a_fleet_check_a_crit_host_is_left_serving_and_an_ok_host_is_restarted(lab):
+    # AWX passes the check node's artifacts (check.yml's set_stats gpufleet_check) to the restart as extra vars.
+    crit, fine = lab.hosts[1], lab.hosts[2]
+    before = {host: ensure_serving(lab, host) for host in (crit, fine)}
+    # A malformed artifact is refused before any host is touched (not read as "no check": every host restarted).
+    runner = lab.run_playbook(RESTART, extravars=dict(FAST, gpufleet_check="%s=CRIT" % crit),
+                              limit="%s,%s" % (crit, fine))
+    assert runner.status == "failed" and "gpufleet_check is a string" in failed_msgs(lab, runner), stdout_of(runner)[-3000:]
+    assert lab.events(runner, "runner_on_ok", "sglang_server_args_info") == []
+
+    check = {crit: {"verdict": "CRIT", "gpus_ok": 7, "gpus_total": 8,
+                    "reasons": [{"severity": "CRIT", "code": "ecc_uncorrected", "gpu": 1,
+                                 "text": "2 uncorrected volatile ECC errors"}]},
+             fine: {"verdict": "OK", "reasons": [], "gpus_ok": 8, "gpus_total": 8}}
+    runner = lab.run_playbook(RESTART, extravars=dict(FAST, gpufleet_check=check), limit="%s,%s" % (crit, fine))
+    out = stdout_of(runner)
+    assert runner.status == "successful", out[-4000:]
+    # the CRIT host: untouched, its old server still serving; no task of preflight or the restart ran on it
+    assert server_pid(lab, crit) == before[crit] and lab.wait_http(crit, timeout_s=5) == 200
+    touched = {d["host"] for d in lab.events(runner, "runner_on_ok") + lab.events(runner, "runner_on_skipped")
+               if d.get("play", "").startswith(("Preflight", "Restart"))}
+    assert touched == {fine}, touched
+    assert owner_record(lab, crit) is None
+    # the OK host: restarted
+    assert server_pid(lab, fine) not in (None, before[fine]) and lab.wait_http(fine, timeout_s=5) == 200
+    rows = summary_rows(out)
+    assert rows[crit][1] == "skipped" and rows[fine][1] == "ok", out[-3000:]
+    notes = out.split("GPUFLEET SUMMARY", 1)[1]
+    assert ("%s: skipped: not restarted: the fleet check found it CRIT (CRIT ecc_uncorrected gpu1, GPUs ok 7/8)"
+            % crit) in notes, notes
+    published = custom_stats(runner)["gpufleet_restart"]
+    assert published[crit]["result"] == "skipped" and "untouched" in published[crit]["advice"]
+    assert published[fine]["result"] == "ok"
+
+
 # -- unlock ----------------------------------------------------------------------------------------------
 
 def test_unlock_shows_the_holder_and_removes_the_lock(lab):
