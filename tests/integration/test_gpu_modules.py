@@ -104,7 +104,7 @@ def stop_standin(lab, host, pid, timeout_s=30):
 
 
 def test_info_reports_eight_h200_per_host_with_every_field(lab):
-    runner = lab.run_module("nvidia_gpu_info")
+    runner = lab.run_module("nvidia_gpu_info", args(detail="full"))
     assert runner.status == "successful"
     res = results(lab, runner, "nvidia_gpu_info")
     assert sorted(res) == sorted(lab.hosts)
@@ -135,7 +135,7 @@ def test_info_reports_eight_h200_per_host_with_every_field(lab):
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_info_lists_standin_workers_per_gpu_from_both_sources(lab, standin):
     host, _ = standin
-    runner = lab.run_module("nvidia_gpu_info", args(gpus=[2, 5]), hosts=host)
+    runner = lab.run_module("nvidia_gpu_info", args(gpus=[2, 5], detail="full"), hosts=host)
     ok, r = results(lab, runner, "nvidia_gpu_info")[host]
     assert ok and [g["index"] for g in r["gpus"]] == [2, 5]
     truth = {g["index"]: g for g in lab.gpus(host)}
@@ -253,7 +253,7 @@ def test_info_names_driver_failures_and_reads_health_faults_per_host(lab):
     for knobs, expect in groups:
         undo = with_faults(lab, knobs)
         try:
-            runner = lab.run_module("nvidia_gpu_info", args(expected_count=8, processes=False, kmsg_path=KMSG))
+            runner = lab.run_module("nvidia_gpu_info", args(expected_count=8, processes=False, kmsg_path=KMSG, detail="full"))
             res = results(lab, runner, "nvidia_gpu_info")
         finally:
             undo()
