@@ -130,6 +130,14 @@ def test_info_reports_eight_h200_per_host_with_every_field(lab):
         assert r["xid_events"] is None and r["xid_status"] == "unknown"
         assert any(p["source"] == ["proc_fd"] and "nvidia-persistenced" in p["cmdline"]
                    for p in r["gpus"][0]["processes"])
+    # the default (detail: short) says what every GPU shares once and groups the GPUs by what differs (issue 33:
+    # an ad-hoc read of 8 hosts printed every GPU's entry whole)
+    runner = lab.run_module("nvidia_gpu_info", args(fields=["name", "memory.used", "uuid"]))
+    for host, (ok, r) in results(lab, runner, "nvidia_gpu_info").items():
+        truth = lab.gpus(host)
+        assert ok and "gpus" not in r
+        assert r["gpus_same"] == {"name": "NVIDIA H200", "memory_used_mib": 0}
+        assert r["gpu_groups"] == [{"gpus": str(i), "uuid": sim["uuid"]} for i, sim in enumerate(truth)]
 
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
