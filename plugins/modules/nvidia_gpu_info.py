@@ -42,7 +42,7 @@ options:
         by the values that differ (RV(gpu_groups)), so an ad-hoc answer of 8 GPUs reads in a few lines. Nothing
         is left out; it is only said once.
       - V(full) returns one whole entry per GPU in RV(gpus) (and neither RV(gpus_same) nor RV(gpu_groups)). Use it
-        where a task reads the answer per GPU, as in C(gpus | map(attribute='memory_used_mib')).
+        where a task reads the answer per GPU (a C(map) or C(selectattr) over RV(gpus)).
     type: str
     choices: [short, full]
     default: short
