@@ -37,17 +37,19 @@ def cut_short(phase, host, word="cancelled", seen=None, lock=None, run=None):
 
 def phase_of(event_data, default=None):
     """The phase a task belongs to (str), else ``default``: the core's phase table (``phases.phase_of_task``)
-    read from the event's structured data: its role, its task file (``task_path``: sglang_launch's
-    ``tasks/rollback.yml`` is the ``rollback`` phase, its ``record``/``prepare``/``checks`` files belong to no
-    phase of their own, playbooks/tasks/restart_lock_take.yml is the ``lock`` phase), or the provisional row
-    restart.yml's phase mark publishes for the host (``set_stats`` of ``gpufleet_restart``: its ``phase``).
+    read from the event's structured data: the provisional row restart.yml's phase mark publishes for the host
+    (``set_stats`` of ``gpufleet_restart``: its ``phase``), else its role, its task file (``task_path``:
+    sglang_launch's ``tasks/rollback.yml`` is the ``rollback`` phase, its ``record``/``prepare``/``checks`` files
+    belong to no phase of their own, playbooks/tasks/restart_lock_take.yml is the ``lock`` phase).
     """
     phases = core.load("phases")
-    entry = _ARG_SPEC_ENTRY.match(event_data.get("task") or "")  # include_role tasks_from's validation task
-    phase = phases.phase_of_task(role=event_data.get("role"), task_path=event_data.get("task_path"),
-                                 entry_point=entry.group(1) if entry else None, default=None)
+    # The phase mark says its phase outright; its result event can carry the role of the task before it (the
+    # stop's mark came as sglang_launch: the lines read "patch, launch, stop, wait, launch").
+    phase = phases.phase_of_row(event_data.get("res"), event_data.get("host"))
     if phase is None:
-        phase = phases.phase_of_row(event_data.get("res"), event_data.get("host"))
+        entry = _ARG_SPEC_ENTRY.match(event_data.get("task") or "")  # include_role tasks_from's validation task
+        phase = phases.phase_of_task(role=event_data.get("role"), task_path=event_data.get("task_path"),
+                                     entry_point=entry.group(1) if entry else None, default=None)
     return phase or default
 
 
@@ -133,7 +135,9 @@ class FleetProgress:
                     self.run_errors.append(cause)
             return False
         row = self._host(host)
-        phase = phase_of(data, self._default_phase)
+        # A skipped task does not move the host (and its event may carry another task's role: an include_role skipped
+        # in the stop phase came as sglang_launch)
+        phase = None if kind == "runner_on_skipped" else phase_of(data, self._default_phase)
         if phase and phase != row["phase"]:
             now = self._clock()
             self.phase_log.append({"host": host, "phase": phase, "began_s": round(now - self.started, 1),

@@ -577,3 +577,29 @@ def test_the_check_table_says_a_reason_shared_by_gpus_once_with_their_range():
     console.print(cli.fleet_table(report))
     text = console.file.getvalue()
     assert text.count("GPU temperature 87 C") == 1 and "WARN GPU 0\u20137: GPU temperature 87 C >= 85 C" in text
+
+
+def _mark(host, phase, role):
+    """restart.yml's phase mark (tasks/restart_phase.yml) as its ok event came in the lab: with a stale role."""
+    row = {"host": host, "result": "unreachable", "phase": phase, "cause": "connection lost during %s" % phase}
+    return ev("runner_on_ok", host, task="Publish what this host may be doing if the connection is lost (%s)" % phase,
+              role=role, task_path="/p/playbooks/tasks/restart_phase.yml:10",
+              res={"ansible_stats": {"data": {"gpufleet_restart": {host: row}}}})
+
+
+def test_the_phase_lines_follow_the_phase_marks_not_a_stale_role_nor_a_skipped_task():
+    # a 3-host batch printed "patch, launch, stop, wait, launch, wait, launch" for gpu-lab-01: the mark of the stop
+    # came with role sglang_launch, a skipped include_role of the stop phase with role sglang_launch
+    p = events.FleetProgress()
+    p.handle(_mark("gpu-01", "patch", None))
+    p.handle(_mark("gpu-01", "stop", "sglang_launch"))
+    p.handle(ev("runner_on_skipped", "gpu-01", task="Take the host out of the router's pool", role="sglang_launch",
+                task_path="/p/playbooks/restart.yml:267"))
+    p.handle(ev("runner_on_start", "gpu-01", task="Drain", role="sglang_stop"))
+    p.handle(_mark("gpu-01", "wait", "sglang_stop"))
+    p.handle(ev("runner_on_skipped", "gpu-01", task="Renew the restart lock (launch)", role="gpu_memory_wait",
+                task_path="/p/playbooks/tasks/restart_lock_renew.yml:8"))
+    p.handle(_mark("gpu-01", "launch", "gpu_memory_wait"))
+    p.handle(ev("runner_on_start", "gpu-01", task="Launch", role="sglang_launch",
+                task_path="/p/roles/sglang_launch/tasks/main.yml:11"))
+    assert [phase for _, phase in p.changes] == ["patch", "stop", "wait", "launch"]
