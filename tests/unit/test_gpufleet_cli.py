@@ -603,3 +603,18 @@ def test_the_phase_lines_follow_the_phase_marks_not_a_stale_role_nor_a_skipped_t
     p.handle(ev("runner_on_start", "gpu-01", task="Launch", role="sglang_launch",
                 task_path="/p/roles/sglang_launch/tasks/main.yml:11"))
     assert [phase for _, phase in p.changes] == ["patch", "stop", "wait", "launch"]
+
+
+def test_the_live_table_labels_time_in_phase_and_the_hosts_total():
+    from rich.console import Console
+    clock = Clock()
+    p = events.FleetProgress(clock=clock)
+    p.handle(ev("runner_on_start", "gpu-01", task="Drain", role="sglang_stop"))
+    clock.t = 130.0
+    p.handle(ev("runner_on_start", "gpu-01", task="Wait", role="gpu_memory_wait"))
+    clock.t = 172.0
+    console = Console(file=io.StringIO(), width=200)
+    console.print(cli._progress_table(p, 0))
+    head, row = console.file.getvalue().splitlines()[:2]
+    assert head.split() == ["host", "phase", "in", "phase", "host", "total", "state", "task"]
+    assert row.split()[:6] == ["gpu-01", "wait", "42", "s", "72", "s"]
