@@ -2,6 +2,7 @@
 # gpufleet: the nvidia_gpu_info read as plain functions (nvidia_gpu_info and sglang_fleet_check_info call them).
 from __future__ import annotations
 
+import json
 import os
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu import (
@@ -79,6 +80,61 @@ def only_fields(gpus, keys):
             cut["unsupported"] = unsupported
         out.append(cut)
     return out
+
+
+def index_ranges(indices, dash="-", sep=","):
+    """GPU indices as ranges: ``[0, 1, 2, 5]`` -> ``"0-2,5"`` (sorted, repeats dropped); ``dash`` and ``sep`` for
+    text written for people (``"0\u20132, 5"``). Values that are not whole numbers are listed as they are, last."""
+    numbers = sorted({int(i) for i in indices if isinstance(i, int) and not isinstance(i, bool)})
+    others = [str(i) for i in indices if not (isinstance(i, int) and not isinstance(i, bool))]
+    parts = []
+    for n in numbers:
+        if parts and parts[-1][1] == n - 1:
+            parts[-1][1] = n
+        else:
+            parts.append([n, n])
+    text = [str(a) if a == b else "%d%s%d" % (a, dash if b > a + 1 else sep, b) for a, b in parts]
+    return sep.join(text + others)
+
+
+def _same_key(value):
+    """A comparable form of a GPU field's value (lists and dicts included)."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def short_form(gpus):
+    """The ``detail: short`` answer for the GPU entries ``gpus`` (list of dict with ``index``):
+    ``{"gpus_same": {key: value on every GPU}, "gpu_groups": [{"gpus": "0-5", key: value, ...}, ...]}``.
+
+    A key whose value is the same on every GPU is said once, in ``gpus_same``; the GPUs are then grouped by the
+    values of the other keys (each group only those keys, its GPUs as :func:`index_ranges`), in the order of their
+    first GPU. When nothing differs there is one group holding only ``gpus``, so the GPUs read are always named.
+    """
+    if not gpus:
+        return {"gpus_same": {}, "gpu_groups": []}
+    keys = []
+    for gpu in gpus:
+        keys.extend(k for k in gpu if k != "index" and k not in keys)
+    same = {}
+    for key in keys:
+        first = _same_key(gpus[0].get(key))
+        if all(key in g for g in gpus) and all(_same_key(g.get(key)) == first for g in gpus[1:]):
+            same[key] = gpus[0][key]
+    groups, by_values = [], {}
+    for gpu in gpus:
+        rest = dict((k, gpu[k]) for k in keys if k in gpu and k not in same)
+        marker = _same_key(rest)
+        if marker not in by_values:
+            by_values[marker] = ([], rest)
+            groups.append(marker)
+        by_values[marker][0].append(gpu.get("index"))
+    out = []
+    for marker in groups:
+        indices, rest = by_values[marker]
+        entry = {"gpus": index_ranges(indices)}
+        entry.update(rest)
+        out.append(entry)
+    return {"gpus_same": same, "gpu_groups": out}
 
 
 def gather(backend, selectors, processes=True, fallback_reason=None, exclude_pids=None, nvlink=True,

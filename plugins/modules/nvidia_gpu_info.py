@@ -36,6 +36,16 @@ options:
     type: list
     elements: str
     default: []
+  detail:
+    description:
+      - V(short) (the default) says once what is the same on every GPU read (RV(gpus_same)) and groups the GPUs
+        by the values that differ (RV(gpu_groups)), so an ad-hoc answer of 8 GPUs reads in a few lines. Nothing
+        is left out; it is only said once.
+      - V(full) returns one whole entry per GPU in RV(gpus) (and neither RV(gpus_same) nor RV(gpu_groups)). Use it
+        where a task reads the answer per GPU (a C(map) or C(selectattr) over RV(gpus)).
+    type: str
+    choices: [short, full]
+    default: short
   processes:
     description:
       - Discover the processes on each GPU and the holders of C(/dev/nvidia*). Needs C(psutil) on the target.
@@ -107,25 +117,32 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: Report all GPUs with their processes
+- name: Report all GPUs with their processes, one entry per GPU
   gpufleet.fleet.nvidia_gpu_info:
+    detail: full
   register: gpu
 
 - name: Show memory per GPU
   ansible.builtin.debug:
     msg: "{{ gpu.gpus | map(attribute='memory_used_mib') | list }}"
 
-- name: Memory and utilization only, as nvidia-smi names them
+- name: Memory and utilization only, as nvidia-smi names them (short; values the same on every GPU said once)
   # ad hoc: ansible gpu_hosts -m gpufleet.fleet.nvidia_gpu_info -a 'fields=memory.used,utilization.gpu xid_window_min=0'
   gpufleet.fleet.nvidia_gpu_info:
     fields: [memory.used, memory.total, utilization.gpu]
     xid_window_min: 0
+  register: mem
+
+- name: Memory used, per group of GPUs with the same value (gpus_same holds it when all GPUs agree)
+  ansible.builtin.debug:
+    msg: "{{ mem.gpu_groups | map('combine', mem.gpus_same) | map(attribute='memory_used_mib') | list }}"
 
 - name: Two GPUs by index and one by UUID, no process discovery, force nvidia-smi
   gpufleet.fleet.nvidia_gpu_info:
     gpus: [0, 1, GPU-8b76e503-d849-6334-acea-f57e29736cb3]
     processes: false
     backend: nvidia-smi
+    detail: full
 
 - name: Fail when a GPU has pending row remaps (needs a GPU reset)
   ansible.builtin.assert:
@@ -136,6 +153,7 @@ EXAMPLES = r"""
     expected_count: 8
     xid_window_min: 30
     processes: false
+    detail: full
   become: true
   register: health
 
@@ -173,9 +191,28 @@ gpu_count:
   returned: success
   type: int
   sample: 8
+gpus_same:
+  description:
+    - With O(detail=short) (the default), the keys of RV(gpus) whose value is the same on every GPU read (an
+      idle host's C(memory_used_mib), the product C(name), the C(unsupported) answers an H200 gives on every GPU),
+      said once.
+  returned: success and O(detail=short)
+  type: dict
+  sample: {memory_used_mib: 0, name: NVIDIA H200}
+gpu_groups:
+  description:
+    - With O(detail=short) (the default), the GPUs read, grouped by the values of the keys not in RV(gpus_same),
+      in the order of their first GPU. Each group holds C(gpus) (its GPU indices as ranges, C(0-7), C(0-2,5))
+      and those keys with the group's values. When every value is the same there is one group holding only
+      C(gpus). A GPU's whole entry is C(gpus_same) combined with its group.
+  returned: success and O(detail=short)
+  type: list
+  elements: dict
+  sample: [{gpus: "0-5", memory_used_mib: 0}, {gpus: "6,7", memory_used_mib: 31339}]
 gpus:
-  description: One entry per selected GPU, in index order.
-  returned: success
+  description: One entry per selected GPU, in index order (with O(detail=full); the short form says the same in
+    RV(gpus_same) and RV(gpu_groups)).
+  returned: success and O(detail=full)
   type: list
   elements: dict
   contains:
@@ -558,6 +595,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_info i
     only_fields,
     read_gpu_info,
     resolve_fields,
+    short_form,
     xid_on_fail,
     xid_text,
 )
@@ -570,6 +608,7 @@ def main():
         argument_spec=dict(
             gpus=dict(type="list", elements="raw", default=[]),
             fields=dict(type="list", elements="str", default=[]),
+            detail=dict(type="str", choices=["short", "full"], default="short"),
             processes=dict(type="bool", default=True),
             backend=dict(type="str", choices=list(BACKEND_CHOICES), default="auto"),
             expected_count=dict(type="int"),
@@ -601,6 +640,8 @@ def main():
                          error_class="missing_library")
     except GpuError as exc:
         module.fail_json(**failure_kwargs(exc, xid_on_fail(params["xid_window_min"], params["kmsg_path"])))
+    if params["detail"] == "short":
+        result.update(short_form(result.pop("gpus")))
     module.exit_json(**result)
 
 

@@ -28,6 +28,7 @@ import datetime
 import math
 import time
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_info import index_ranges
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory import (
     unreadable_text,
     unreadable_wait_fields,
@@ -577,16 +578,46 @@ def gpufleet_check_verdict(gathered, config=None):
     }
 
 
+def gpu_list(indices):
+    """GPU indices as people read them: ``[0, 1, 2, 5]`` -> ``"0\u20132, 5"`` (an en dash for a range)."""
+    return index_ranges(indices, dash="\u2013", sep=", ")
+
+
+def group_reasons(reasons):
+    """The reasons as they are said (presentation only; the verdict keeps one reason per GPU): reasons of the same
+    severity, code and text on several GPUs become one, ``{"severity", "code", "text", "gpus": [indices]}``
+    (``gpus`` empty for a host-wide reason), in the order of each one's first reason. ``label`` is what follows the
+    code: ``GPU 0\u20137: <text>`` (see :func:`gpu_list`), or the text alone for a host-wide reason."""
+    out, at = [], {}
+    for r in reasons or []:
+        if not isinstance(r, dict):
+            r = {"severity": "", "code": "", "text": str(r), "gpu": None}
+        gpu = r.get("gpu")
+        key = (r.get("severity"), r.get("code"), r.get("text"), gpu is None)
+        if gpu is None or key not in at:
+            entry = {"severity": r.get("severity"), "code": r.get("code"), "text": r.get("text"), "gpus": []}
+            if gpu is not None:
+                at[key] = entry
+            out.append(entry)
+        if gpu is not None and gpu not in at[key]["gpus"]:
+            at[key]["gpus"].append(gpu)
+    for entry in out:
+        entry["label"] = ("GPU %s: %s" % (gpu_list(entry["gpus"]), entry["text"])) if entry["gpus"] \
+            else str(entry["text"] or "")
+    return out
+
+
 def gpufleet_check_line(result):
-    """The line check.yml says for one host: "VERDICT, GPUs ok/total: SEVERITY code text | ..."; a host judged
-    root_code_untrusted (nothing else read) "CRIT: <why>"."""
+    """The line check.yml says for one host: "VERDICT, GPUs ok/total: SEVERITY code [GPU 0\u20137: ]text | ...", the
+    same reason on several GPUs said once with its GPUs (:func:`group_reasons`); a host judged root_code_untrusted
+    (nothing else read) "CRIT: <why>"."""
     r = result or {}
     reasons = r.get("reasons") or []
     if len(reasons) == 1 and reasons[0].get("code") == "root_code_untrusted":
         return "%s: %s" % (r.get("verdict"), reasons[0].get("text"))
     line = "%s, GPUs %s/%s" % (r.get("verdict"), r.get("gpus_ok"), r.get("gpus_total"))
     if reasons:
-        line += ": " + " | ".join("%s %s %s" % (x.get("severity"), x.get("code"), x.get("text")) for x in reasons)
+        line += ": " + " | ".join("%s %s %s" % (x["severity"], x["code"], x["label"]) for x in group_reasons(reasons))
     return line
 
 
@@ -678,14 +709,30 @@ def gpufleet_check_failing(fleet, fail_on="crit"):
 
 
 def short_reasons(reasons, limit=3, width=90):
-    """``CRIT ecc_uncorrected gpu1, WARN throttle gpu1 (+2)`` for the table."""
-    parts = []
-    for r in (reasons or [])[:limit]:
-        parts.append("%s %s%s" % (r.get("severity"), r.get("code"), "" if r.get("gpu") is None else " gpu%s" % r["gpu"]))
+    """``CRIT ecc_uncorrected GPU 1, WARN gpu_temperature GPU 0\u20137 (+2)`` for the table: the reasons grouped
+    (:func:`group_reasons`), the first ``limit`` by severity and code with their GPUs, then how many more."""
+    groups = group_reasons(reasons)
+    parts = ["%s %s%s" % (g["severity"], g["code"], " GPU %s" % gpu_list(g["gpus"]) if g["gpus"] else "")
+             for g in groups[:limit]]
     text = ", ".join(parts)
-    if len(reasons or []) > limit:
-        text += " (+%d)" % (len(reasons) - limit)
+    if len(groups) > limit:
+        text += " (+%d)" % (len(groups) - limit)
     return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def gpufleet_check_report_rows(fleet):
+    """The hosts of the HTML report, worst first (CRIT, WARN, OK; then by host name): each its verdict's keys
+    plus ``host`` and ``reason_groups`` (:func:`group_reasons`: the same reason on several GPUs once, with its
+    GPUs)."""
+    rows = []
+    for host, r in (fleet or {}).items():
+        row = dict(r or {})
+        row["host"] = str(host)
+        row["verdict"] = row.get("verdict") if row.get("verdict") in SEVERITY_RANK else "CRIT"
+        row["reason_groups"] = group_reasons(row.get("reasons"))
+        rows.append(row)
+    rows.sort(key=lambda row: (-SEVERITY_RANK[row["verdict"]], row["host"]))
+    return rows
 
 
 def gpufleet_check_table(fleet):

@@ -149,8 +149,10 @@ def run_spec(args, project, now=None):
     envvars = {"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
     bindir = os.path.dirname(sys.executable)
     envvars["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
-    spec = {"private_data_dir": run_dir, "ident": ident, "extravars": extravars, "quiet": True,
-            "envvars": envvars}
+    # One directory per run: ansible-runner writes its artifacts (stdout, job_events/) to <artifact_dir>/<ident>,
+    # which is the run's own directory (its default, <private_data_dir>/artifacts/<ident>, doubled the path).
+    spec = {"private_data_dir": run_dir, "artifact_dir": os.path.dirname(run_dir), "ident": ident,
+            "extravars": extravars, "quiet": True, "envvars": envvars}
     if project:
         spec["project_dir"] = project
         spec["playbook"] = os.path.join(project, "playbooks", args.command + ".yml")
@@ -228,11 +230,11 @@ def fleet_table(report):
         table.add_column("verdict")
         table.add_column("gpus_ok", justify="right")
         table.add_column("reasons")
+        group_reasons = core.load("check").group_reasons
         for row in rows:
-            reasons = "; ".join(
-                "%s%s: %s" % (r.get("severity", ""), "" if r.get("gpu") is None else " gpu %s" % r["gpu"],
-                              r.get("text") or r.get("code") or "") if isinstance(r, dict) else str(r)
-                for r in row.get("reasons") or [])
+            # the same reason on several GPUs once, with its GPUs ("WARN GPU 0–7: GPU temperature 87 C >= 85 C")
+            reasons = "; ".join("%s %s" % (g["severity"] or "", g["label"] or g["code"] or "")
+                                for g in group_reasons(row.get("reasons") or []))
             total = row.get("gpus_total")
             gpus = "-" if total is None else "%s/%s" % (_cell(row.get("gpus_ok")), total)
             table.add_row(row["host"], row["verdict"], gpus, reasons or "-")
@@ -248,7 +250,8 @@ def fleet_table(report):
 def _why_lines(report):
     """Below the table: what went wrong per host (restart rows' phase/cause/next), the notes of restart rows that
     went well (a first launch: no server ran before), one line per note, and run-wide refusals."""
-    lines = ["run refused: %s" % err for err in report["run_errors"]]
+    # Ansible's own messages as it printed them ("[ERROR]: ..."); the guard play's refusals as refusals
+    lines = [err if err.startswith(("[", "ERROR!")) else "run refused: %s" % err for err in report["run_errors"]]
     notes = {}
     for host in sorted(report["hosts"]) if report["command"] == "restart" else []:
         row = report["hosts"][host]
@@ -267,16 +270,42 @@ def _why_lines(report):
     return lines
 
 
+# The progress lines printed when a phase begins (stderr not a terminal: a CI log, a pipe): when it began, counted
+# from the start of the run (one clock for every host, so a rolling restart's hosts line up), and how long the
+# host's phase before it took: where the time went, read off one line.
+PHASE_HEADER = "  %-20s %-10s %11s  %s" % ("host", "phase", "since start", "phase before")
+
+
+def phase_line(entry):
+    """``  gpu-01               wait            +12.3 s  stop 3.1 s`` for one :attr:`FleetProgress.phase_log` entry
+    (its column heads: :data:`PHASE_HEADER`)."""
+    before = "%s %.1f s" % (entry["previous"], entry["previous_s"]) if entry.get("previous") else "-"
+    return "  %-20s %-10s %9s s  %s" % (entry["host"], entry["phase"], "+%.1f" % entry["began_s"], before)
+
+
 def _progress_table(progress, verbose):
+    """The live table (stderr a terminal): per host its phase, how long it has been in it, how long since its first
+    task, its state and task."""
     from rich.table import Table
     table = Table(box=None, show_header=True, pad_edge=False)
-    for col in ("host", "phase", "elapsed", "state") + (("task",) if verbose or True else ()):
-        table.add_column(col, no_wrap=col != "task", overflow="ellipsis")
+    for col in ("host", "phase", "in phase", "host total", "state", "task"):
+        table.add_column(col, no_wrap=col != "task", overflow="ellipsis",
+                         justify="right" if col in ("in phase", "host total") else "left")
     for row in progress.hosts():
         style = {"failed": "red", "unreachable": "red", "ok": "green"}.get(row["state"])
-        table.add_row(row["host"], row["phase"] or "-", "%.0f s" % row["elapsed_s"], row["state"],
-                      row["task"][:80] if not verbose else row["task"], style=style)
+        table.add_row(row["host"], row["phase"] or "-", "%.0f s" % row["in_phase_s"], "%.0f s" % row["elapsed_s"],
+                      row["state"], row["task"][:80] if not verbose else row["task"], style=style)
     return table
+
+
+def _print_phase_lines(err, progress, shown):
+    """Print the phase changes not printed yet (``shown["n"]`` of them were), the column heads before the first."""
+    for entry in progress.phase_log[shown["n"]:]:
+        if not shown.get("header"):
+            err.print(PHASE_HEADER, highlight=False, soft_wrap=True)
+            shown["header"] = True
+        err.print(phase_line(entry), highlight=False, soft_wrap=True)
+    shown["n"] = len(progress.phase_log)
 
 
 # After SIGTERM reached ansible-playbook, how long it gets to stop its tasks and print its summary before
@@ -413,11 +442,7 @@ def run(args, out=None, err=None):
                     if live is not None:
                         live.update(_progress_table(progress, args.verbose))
                     elif not args.json:
-                        for host, phase in progress.changes[shown["n"]:]:
-                            row = next(r for r in progress.hosts() if r["host"] == host)
-                            err.print("  %-20s %-10s %6.1f s" % (host, phase, row["elapsed_s"]), highlight=False,
-                                      soft_wrap=True)
-                        shown["n"] = len(progress.changes)
+                        _print_phase_lines(err, progress, shown)
             except KeyboardInterrupt:  # Ctrl-C: the first cancels, a second kills
                 cancel.request()
     finally:
@@ -444,8 +469,7 @@ def run(args, out=None, err=None):
             print(json.dumps(report, indent=2, sort_keys=True, default=str))
         return report
     if live is None:
-        for host, phase in progress.changes[shown["n"]:]:
-            err.print("  %-20s %s" % (host, phase), highlight=False)
+        _print_phase_lines(err, progress, shown)
     if report["hosts"]:
         out.print(fleet_table(report))
     for line in _why_lines(report):

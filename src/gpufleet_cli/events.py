@@ -37,17 +37,19 @@ def cut_short(phase, host, word="cancelled", seen=None, lock=None, run=None):
 
 def phase_of(event_data, default=None):
     """The phase a task belongs to (str), else ``default``: the core's phase table (``phases.phase_of_task``)
-    read from the event's structured data: its role, its task file (``task_path``: sglang_launch's
-    ``tasks/rollback.yml`` is the ``rollback`` phase, its ``record``/``prepare``/``checks`` files belong to no
-    phase of their own, playbooks/tasks/restart_lock_take.yml is the ``lock`` phase), or the provisional row
-    restart.yml's phase mark publishes for the host (``set_stats`` of ``gpufleet_restart``: its ``phase``).
+    read from the event's structured data: the provisional row restart.yml's phase mark publishes for the host
+    (``set_stats`` of ``gpufleet_restart``: its ``phase``), else its role, its task file (``task_path``:
+    sglang_launch's ``tasks/rollback.yml`` is the ``rollback`` phase, its ``record``/``prepare``/``checks`` files
+    belong to no phase of their own, playbooks/tasks/restart_lock_take.yml is the ``lock`` phase).
     """
     phases = core.load("phases")
-    entry = _ARG_SPEC_ENTRY.match(event_data.get("task") or "")  # include_role tasks_from's validation task
-    phase = phases.phase_of_task(role=event_data.get("role"), task_path=event_data.get("task_path"),
-                                 entry_point=entry.group(1) if entry else None, default=None)
+    # The phase mark says its phase outright; its result event can carry the role of the task before it (the
+    # stop's mark came as sglang_launch: the lines read "patch, launch, stop, wait, launch").
+    phase = phases.phase_of_row(event_data.get("res"), event_data.get("host"))
     if phase is None:
-        phase = phases.phase_of_row(event_data.get("res"), event_data.get("host"))
+        entry = _ARG_SPEC_ENTRY.match(event_data.get("task") or "")  # include_role tasks_from's validation task
+        phase = phases.phase_of_task(role=event_data.get("role"), task_path=event_data.get("task_path"),
+                                     entry_point=entry.group(1) if entry else None, default=None)
     return phase or default
 
 
@@ -90,12 +92,22 @@ class FleetProgress:
         self.artifact_data = {}
         self.check_reports = {}
         self.changes = []  # (host, phase) in the order phases began: what a non-terminal display prints
+        # beside each change: {host, phase, began_s (s since the run began), previous, previous_s (how long the
+        # host's phase before it took; None for its first)}
+        self.phase_log = []
+        self.started = clock()
+        # Ansible's own messages outside any task (ansible-playbook's [WARNING]/[ERROR] lines: a --limit that
+        # matches no host, an inventory or playbook it cannot parse), from the run's verbose events
+        self.ansible_errors = []
+        self.ansible_warnings = []
+        self._error_open = False
         self.playbook_pid = None  # ansible-playbook's main process (every event names it): the one a cancel signals
 
     def _host(self, name):
         if name not in self._hosts:
+            now = self._clock()
             self._hosts[name] = {"host": name, "phase": None, "task": "", "state": "running", "cause": None,
-                                 "started": self._clock(), "ended": None, "changed": 0,
+                                 "started": now, "ended": None, "changed": 0, "phase_started": now,
                                  "seen": {}, "lock": None}
             self._order.append(name)
         return self._hosts[name]
@@ -111,6 +123,8 @@ class FleetProgress:
                                                                   "rescued", "ignored", "processed")}
             self.artifact_data = data.get("artifact_data") or {}
             return True
+        if kind == "verbose":
+            return self._note_ansible_message(event.get("stdout"))
         host = data.get("host")
         if not host or not kind.startswith("runner_"):
             return False
@@ -121,9 +135,15 @@ class FleetProgress:
                     self.run_errors.append(cause)
             return False
         row = self._host(host)
-        phase = phase_of(data, self._default_phase)
+        # A skipped task does not move the host (and its event may carry another task's role: an include_role skipped
+        # in the stop phase came as sglang_launch)
+        phase = None if kind == "runner_on_skipped" else phase_of(data, self._default_phase)
         if phase and phase != row["phase"]:
-            row["phase"] = phase
+            now = self._clock()
+            self.phase_log.append({"host": host, "phase": phase, "began_s": round(now - self.started, 1),
+                                   "previous": row["phase"],
+                                   "previous_s": round(now - row["phase_started"], 1) if row["phase"] else None})
+            row["phase"], row["phase_started"] = phase, now
             self.changes.append((host, phase))
         row["task"] = _short_task(data)
         res = data.get("res") if isinstance(data.get("res"), dict) else {}
@@ -141,6 +161,29 @@ class FleetProgress:
                 self.check_reports[host] = report
         elif kind == "runner_retry" and res.get("progress"):
             row["task"] = "%s — %s" % (row["task"], res["progress"])
+        return True
+
+    def _note_ansible_message(self, text):
+        """Keep a line ansible-playbook printed outside any task: ``[ERROR]: ...`` (``ERROR! ...`` before
+        ansible-core 2.19) opens an error, the lines after it (its file, line and hint) belong to it until a blank
+        line or another message; ``[WARNING]: ...`` is a warning. Returns True when it kept something."""
+        line = str(text or "").rstrip()
+        if not line.strip():
+            self._error_open = False
+            return False
+        if line.startswith(("[ERROR]", "ERROR!")):
+            self.ansible_errors.append(line)
+            self._error_open = True
+            return True
+        if line.startswith("[WARNING]"):
+            self._error_open = False
+            if line not in self.ansible_warnings:
+                self.ansible_warnings.append(line)
+            return True
+        if line.startswith("[") or not self._error_open or len(self.ansible_errors[-1]) > 2000:
+            self._error_open = False
+            return False
+        self.ansible_errors[-1] += " " + " ".join(line.split())
         return True
 
     def _note_server(self, row, res):
@@ -180,6 +223,7 @@ class FleetProgress:
         for name in self._order:
             row = dict(self._hosts[name])
             row["elapsed_s"] = round((row["ended"] or now) - row["started"], 1)
+            row["in_phase_s"] = round((row["ended"] or now) - row["phase_started"], 1)
             out.append(row)
         return out
 
@@ -270,7 +314,10 @@ def build_report(command, progress, status, rc, artifacts_dir, report_dir=None, 
 
     Keys: ``command``, ``status`` (ansible-runner's: successful|failed|canceled|timeout), ``rc`` (int,
     ansible-playbook's exit code), ``check_mode`` (bool), ``artifacts_dir`` (str), ``run_errors`` (list of str:
-    command-line checks that refused the run), ``hosts`` (host → row: restart rows as restart.yml publishes
+    command-line checks that refused the run, and Ansible's own errors outside any task, as it printed them, with the
+    warnings before them when it printed an error: ``[WARNING]: Could not match supplied host pattern, ignoring:
+    nosuchhost``, ``[ERROR]: Specified inventory, host pattern and/or --limit leaves us with no hosts to target.``),
+    ``warnings`` (list of str: Ansible's ``[WARNING]`` lines outside any task), ``hosts`` (host → row: restart rows as restart.yml publishes
     them; check rows ``verdict``/``gpus_ok``/``gpus_total``/``reasons``; patch/unlock ``result``/``changed``/
     ``cause``), ``failed_hosts`` (sorted list), ``stats`` (Ansible's per-host counters), ``exit_code`` (int).
     """
@@ -282,12 +329,18 @@ def build_report(command, progress, status, rc, artifacts_dir, report_dir=None, 
     else:
         hosts = _plain_rows(progress)
     failed = sorted(h for h, row in hosts.items() if host_is_bad(command, row))
+    run_errors = list(progress.run_errors)
+    if progress.ansible_errors:
+        # the warnings say what the error is about (the pattern that matched no host)
+        run_errors += [w for w in progress.ansible_warnings if w not in run_errors]
+        run_errors += [e for e in progress.ansible_errors if e not in run_errors]
     if rc:
         exit_code = rc
-    elif failed or progress.run_errors or status not in ("successful",):
+    elif failed or run_errors or status not in ("successful",):
         exit_code = 1
     else:
         exit_code = 0
     return {"command": command, "status": status, "rc": rc, "check_mode": bool(check_mode),
-            "artifacts_dir": artifacts_dir, "run_errors": list(progress.run_errors), "hosts": hosts,
+            "artifacts_dir": artifacts_dir, "run_errors": run_errors,
+            "warnings": list(progress.ansible_warnings), "hosts": hosts,
             "failed_hosts": failed, "stats": progress.stats or {}, "exit_code": exit_code}

@@ -132,7 +132,7 @@ def measure(opts):
     errors = {}
     for i in range(opts.info_reps):
         for be in ("nvml", "nvidia-smi"):
-            res = rgc.run_module_file("nvidia_gpu_info", {"backend": be})
+            res = rgc.run_module_file("nvidia_gpu_info", {"backend": be, "detail": "full"})
             if res["_rc"] == 0 and not res.get("failed"):
                 walls[be].append(res["_wall_ms"])
             else:

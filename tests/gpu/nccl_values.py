@@ -81,12 +81,12 @@ def info_fields():
     rgc.install_module_utils()
     out = {}
     for backend in ("nvml", "nvidia-smi"):
-        res = rgc.run_module_file("nvidia_gpu_info", {"backend": backend, "xid_window_min": 0,
+        res = rgc.run_module_file("nvidia_gpu_info", {"backend": backend, "xid_window_min": 0, "detail": "full",
                                                       "fields": ["memory.used", "utilization.gpu", "power.draw",
                                                                  "retired_pages_pending"]})
         out[backend] = {k: res.get(k) for k in ("failed", "msg", "backend", "gpus", "device_holders", "_rc",
                                                 "_wall_ms")}
-        full = rgc.run_module_file("nvidia_gpu_info", {"backend": backend, "xid_window_min": 0})
+        full = rgc.run_module_file("nvidia_gpu_info", {"backend": backend, "xid_window_min": 0, "detail": "full"})
         out[backend]["full_wall_ms"] = full.get("_wall_ms")
         out[backend]["full_bytes"] = len(json.dumps(full.get("gpus")))
         out[backend]["fields_bytes"] = len(json.dumps(res.get("gpus")))

@@ -289,7 +289,7 @@ def main():
 
         # -- the modules as Ansible runs them
         for be in ("nvml", "nvidia-smi"):
-            res["module_info_" + be] = run_module_file("nvidia_gpu_info", {"backend": be})
+            res["module_info_" + be] = run_module_file("nvidia_gpu_info", {"backend": be, "detail": "full"})
             log("module info", be, "rc", res["module_info_" + be]["_rc"], "wall ms",
                 res["module_info_" + be]["_wall_ms"])
         res["module_wait_timeout"] = run_module_file("nvidia_gpu_wait", {"timeout_s": 1})

@@ -101,7 +101,7 @@ playbook run0
 stamp "nvidia_gpu_info, both backends"
 : > "$OUT/gpuinfo.txt"
 for b in nvml nvidia-smi; do
-    "$ANSIBLE_BIN/ansible" -i inventory/local gpu_hosts -m nvidia_gpu_info -a "backend=$b" -e "@$VARS" \
+    "$ANSIBLE_BIN/ansible" -i inventory/local gpu_hosts -m nvidia_gpu_info -a "backend=$b detail=full" -e "@$VARS" \
         > "$OUT/gpuinfo-$b.txt" || rc=1
     { echo "# backend=$b"; cat "$OUT/gpuinfo-$b.txt"; } >> "$OUT/gpuinfo.txt"
 done

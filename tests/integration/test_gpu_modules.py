@@ -104,7 +104,7 @@ def stop_standin(lab, host, pid, timeout_s=30):
 
 
 def test_info_reports_eight_h200_per_host_with_every_field(lab):
-    runner = lab.run_module("nvidia_gpu_info")
+    runner = lab.run_module("nvidia_gpu_info", args(detail="full"))
     assert runner.status == "successful"
     res = results(lab, runner, "nvidia_gpu_info")
     assert sorted(res) == sorted(lab.hosts)
@@ -130,12 +130,20 @@ def test_info_reports_eight_h200_per_host_with_every_field(lab):
         assert r["xid_events"] is None and r["xid_status"] == "unknown"
         assert any(p["source"] == ["proc_fd"] and "nvidia-persistenced" in p["cmdline"]
                    for p in r["gpus"][0]["processes"])
+    # the default (detail: short) says what every GPU shares once and groups the GPUs by what differs (issue 33:
+    # an ad-hoc read of 8 hosts printed every GPU's entry whole)
+    runner = lab.run_module("nvidia_gpu_info", args(fields=["name", "memory.used", "uuid"]))
+    for host, (ok, r) in results(lab, runner, "nvidia_gpu_info").items():
+        truth = lab.gpus(host)
+        assert ok and "gpus" not in r
+        assert r["gpus_same"] == {"name": "NVIDIA H200", "memory_used_mib": 0}
+        assert r["gpu_groups"] == [{"gpus": str(i), "uuid": sim["uuid"]} for i, sim in enumerate(truth)]
 
 
 @pytest.mark.lab_only_once  # CI time: its path runs under both ansible-cores in another test
 def test_info_lists_standin_workers_per_gpu_from_both_sources(lab, standin):
     host, _ = standin
-    runner = lab.run_module("nvidia_gpu_info", args(gpus=[2, 5]), hosts=host)
+    runner = lab.run_module("nvidia_gpu_info", args(gpus=[2, 5], detail="full"), hosts=host)
     ok, r = results(lab, runner, "nvidia_gpu_info")[host]
     assert ok and [g["index"] for g in r["gpus"]] == [2, 5]
     truth = {g["index"]: g for g in lab.gpus(host)}
@@ -253,7 +261,7 @@ def test_info_names_driver_failures_and_reads_health_faults_per_host(lab):
     for knobs, expect in groups:
         undo = with_faults(lab, knobs)
         try:
-            runner = lab.run_module("nvidia_gpu_info", args(expected_count=8, processes=False, kmsg_path=KMSG))
+            runner = lab.run_module("nvidia_gpu_info", args(expected_count=8, processes=False, kmsg_path=KMSG, detail="full"))
             res = results(lab, runner, "nvidia_gpu_info")
         finally:
             undo()

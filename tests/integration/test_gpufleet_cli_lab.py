@@ -79,6 +79,27 @@ def test_cli_restarts_two_hosts_then_checks_them_and_fails_on_a_crit_host(lab, t
 
 
 @pytest.mark.lab_only_once
+def test_cli_says_ansibles_own_error_for_a_limit_that_matches_no_host_and_keeps_one_artifacts_path(lab, tmp_path):
+    # it printed only "FAILED: 0 host(s), 2 s", --json gave run_errors: [] and the artifacts sat in
+    # artifacts/<run>/artifacts/<run>
+    before = {h: server_pid(lab, h) for h in lab.hosts}
+    res = gpufleet(lab, tmp_path, "check", "--limit", "nosuchhost")
+    assert res.returncode != 0
+    assert "[WARNING]: Could not match supplied host pattern, ignoring: nosuchhost" in res.stdout, res.stdout
+    assert re.search(r"^(\[ERROR\]:|ERROR!) .*no hosts", res.stdout, re.M), res.stdout
+    doc = json.loads(gpufleet(lab, tmp_path, "check", "--json", "--limit", "nosuchhost").stdout)
+    assert doc["hosts"] == {} and doc["exit_code"] != 0
+    assert any("nosuchhost" in e for e in doc["run_errors"]) and any("no hosts" in e for e in doc["run_errors"])
+    run_dir = doc["artifacts_dir"]
+    assert os.path.dirname(run_dir) == str(tmp_path / "artifacts")
+    for name in ("stdout", "job_events", "report.json", "report"):
+        assert os.path.exists(os.path.join(run_dir, name)), sorted(os.listdir(run_dir))
+    assert not os.path.exists(os.path.join(run_dir, "artifacts"))
+    # nothing ran on any host
+    assert {h: server_pid(lab, h) for h in lab.hosts} == before
+
+
+@pytest.mark.lab_only_once
 def test_a_four_host_restart_reads_in_about_one_screen_plus_the_table(lab):
     if len(lab.hosts) < 4:
         pytest.skip("needs a lab of 4 hosts (GPUFLEET_TEST_LAB_HOSTS=4, the default)")

@@ -471,3 +471,150 @@ def test_main_warns_on_stderr_when_a_key_is_on_its_command_line_without_echoing_
     err = capsys.readouterr().err
     assert "WARNING: sglang_api_key given inline with -e" in err and "-e @FILE" in err
     assert "sk-visible-in-ps" not in err
+
+
+# -- issue 33: Ansible's own errors, one artifacts path, labelled phase times, grouped check reasons ------------
+
+def verbose(line):
+    """A line ansible-playbook printed outside any task, as ansible-runner hands it over."""
+    return {"event": "verbose", "stdout": line, "event_data": {}}
+
+
+def test_a_limit_that_matches_no_host_reports_ansibles_own_message_in_run_errors():
+    # `gpufleet check --limit nosuchhost` printed only "FAILED: 0 host(s)" and --json gave run_errors: [] while
+    # ansible-playbook's error sat in the artifacts' stdout (these two lines, as recorded in the lab)
+    p = events.FleetProgress()
+    p.handle(verbose("[WARNING]: Could not match supplied host pattern, ignoring: nosuchhost"))
+    p.handle(verbose("[ERROR]: Specified inventory, host pattern and/or --limit leaves us with no hosts to target."))
+    report = events.build_report("check", p, "failed", 1, "/a")
+    assert report["run_errors"] == [
+        "[WARNING]: Could not match supplied host pattern, ignoring: nosuchhost",
+        "[ERROR]: Specified inventory, host pattern and/or --limit leaves us with no hosts to target."]
+    assert report["exit_code"] == 1 and report["hosts"] == {}
+    # said as Ansible said it, not as a refusal of gpufleet's own checks
+    assert cli._why_lines(report) == report["run_errors"]
+
+
+def test_ansibles_warnings_alone_are_no_run_error_and_an_error_keeps_its_following_lines():
+    p = events.FleetProgress()
+    p.handle(verbose("[WARNING]: Collection community.general does not support Ansible version 2.17.7"))
+    p.handle(ev("runner_on_ok", "gpu-01", task="x", role="sglang_preflight"))
+    report = events.build_report("patch", p, "successful", 0, "/a")
+    assert report["run_errors"] == [] and report["exit_code"] == 0
+    assert report["warnings"] == ["[WARNING]: Collection community.general does not support Ansible version 2.17.7"]
+    p = events.FleetProgress()
+    for line in ("ERROR! couldn't resolve module/action 'nvidia_gpu_infoo'.", "", "The error appears to be in "
+                 "'/p/check.yml': line 3, column 7", "[WARNING]: later"):
+        p.handle(verbose(line))
+    p2 = events.FleetProgress()
+    for line in ("[ERROR]: couldn't resolve module/action 'nvidia_gpu_infoo'.", "Origin: /p/check.yml:3:7",
+                 "", "3       - nvidia_gpu_infoo:"):
+        p2.handle(verbose(line))
+    assert p.ansible_errors == ["ERROR! couldn't resolve module/action 'nvidia_gpu_infoo'."]
+    assert p2.ansible_errors == ["[ERROR]: couldn't resolve module/action 'nvidia_gpu_infoo'. Origin: /p/check.yml:3:7"]
+    assert events.build_report("check", p2, "failed", 4, "/a")["run_errors"] == p2.ansible_errors
+
+
+def test_the_runs_artifacts_are_in_its_own_directory_not_one_below_it(tmp_path):
+    from ansible_runner.config.runner import RunnerConfig
+    spec, run_dir, report_dir = spec_of(["check", "-i", "inventory/example", "--artifacts-dir", str(tmp_path)])
+    spec.pop("extravars")
+    config = RunnerConfig(**{k: v for k, v in spec.items() if k not in ("quiet",)})
+    config.prepare()
+    # was <run>/artifacts/<run>
+    assert config.artifact_dir == run_dir and os.path.dirname(report_dir) == run_dir
+    assert os.listdir(str(tmp_path)) == [os.path.basename(run_dir)]
+
+
+def test_each_phase_line_says_when_it_began_since_the_run_and_how_long_the_phase_before_took():
+    clock = Clock()
+    p = events.FleetProgress(clock=clock)
+    clock.t = 101.0
+    p.handle(ev("runner_on_start", "gpu-01", task="Check", role="sglang_preflight"))
+    clock.t = 112.3
+    p.handle(ev("runner_on_start", "gpu-01", task="Drain", role="sglang_stop"))
+    clock.t = 115.4
+    p.handle(ev("runner_on_start", "gpu-01", task="Wait", role="gpu_memory_wait"))
+    assert [(e["phase"], e["began_s"], e["previous"], e["previous_s"]) for e in p.phase_log] == [
+        ("preflight", 1.0, None, None), ("stop", 12.3, "preflight", 11.3), ("wait", 15.4, "stop", 3.1)]
+    assert cli.phase_line(p.phase_log[2]) == "  gpu-01               wait           +15.4 s  stop 3.1 s"
+    assert cli.phase_line(p.phase_log[0]).endswith("+1.0 s  -")
+    header = cli.PHASE_HEADER
+    assert header.split() == ["host", "phase", "since", "start", "phase", "before"]
+    # the columns line up under their heads
+    assert header.index("since start") + len("since start") == cli.phase_line(p.phase_log[2]).index(" s  stop") + 2
+    clock.t = 120.0
+    row = p.hosts()[0]
+    assert row["in_phase_s"] == 4.6 and row["elapsed_s"] == 19.0
+
+
+def test_the_phase_lines_are_printed_once_under_one_header():
+    from rich.console import Console
+    clock = Clock()
+    p = events.FleetProgress(clock=clock)
+    err = Console(file=io.StringIO(), width=200)
+    shown = {"n": 0}
+    p.handle(ev("runner_on_start", "gpu-01", task="Check", role="sglang_preflight"))
+    cli._print_phase_lines(err, p, shown)
+    p.handle(ev("runner_on_start", "gpu-01", task="Drain", role="sglang_stop"))
+    cli._print_phase_lines(err, p, shown)
+    cli._print_phase_lines(err, p, shown)
+    lines = err.file.getvalue().splitlines()
+    assert lines[0] == cli.PHASE_HEADER and len(lines) == 3
+    assert lines[1].split()[:2] == ["gpu-01", "preflight"] and lines[2].split()[:2] == ["gpu-01", "stop"]
+
+
+def test_the_check_table_says_a_reason_shared_by_gpus_once_with_their_range():
+    from rich.console import Console
+    p = events.FleetProgress()
+    reasons = [{"severity": "WARN", "gpu": i, "code": "gpu_temperature", "text": "GPU temperature 87 C >= 85 C"}
+               for i in range(8)]
+    p.handle(_stats({"gpufleet_check": {"gpu-01": {"verdict": "WARN", "reasons": reasons, "gpus_ok": 0,
+                                                   "gpus_total": 8}}}))
+    report = events.build_report("check", p, "successful", 0, "/a")
+    assert len(report["hosts"]["gpu-01"]["reasons"]) == 8  # the report keeps them per GPU
+    console = Console(file=io.StringIO(), width=200)
+    console.print(cli.fleet_table(report))
+    text = console.file.getvalue()
+    assert text.count("GPU temperature 87 C") == 1 and "WARN GPU 0\u20137: GPU temperature 87 C >= 85 C" in text
+
+
+def _mark(host, phase, role):
+    """restart.yml's phase mark (tasks/restart_phase.yml) as its ok event came in the lab: with a stale role."""
+    row = {"host": host, "result": "unreachable", "phase": phase, "cause": "connection lost during %s" % phase}
+    return ev("runner_on_ok", host, task="Publish what this host may be doing if the connection is lost (%s)" % phase,
+              role=role, task_path="/p/playbooks/tasks/restart_phase.yml:10",
+              res={"ansible_stats": {"data": {"gpufleet_restart": {host: row}}}})
+
+
+def test_the_phase_lines_follow_the_phase_marks_not_a_stale_role_nor_a_skipped_task():
+    # a 3-host batch printed "patch, launch, stop, wait, launch, wait, launch" for gpu-lab-01: the mark of the stop
+    # came with role sglang_launch, a skipped include_role of the stop phase with role sglang_launch
+    p = events.FleetProgress()
+    p.handle(_mark("gpu-01", "patch", None))
+    p.handle(_mark("gpu-01", "stop", "sglang_launch"))
+    p.handle(ev("runner_on_skipped", "gpu-01", task="Take the host out of the router's pool", role="sglang_launch",
+                task_path="/p/playbooks/restart.yml:267"))
+    p.handle(ev("runner_on_start", "gpu-01", task="Drain", role="sglang_stop"))
+    p.handle(_mark("gpu-01", "wait", "sglang_stop"))
+    p.handle(ev("runner_on_skipped", "gpu-01", task="Renew the restart lock (launch)", role="gpu_memory_wait",
+                task_path="/p/playbooks/tasks/restart_lock_renew.yml:8"))
+    p.handle(_mark("gpu-01", "launch", "gpu_memory_wait"))
+    p.handle(ev("runner_on_start", "gpu-01", task="Launch", role="sglang_launch",
+                task_path="/p/roles/sglang_launch/tasks/main.yml:11"))
+    assert [phase for _, phase in p.changes] == ["patch", "stop", "wait", "launch"]
+
+
+def test_the_live_table_labels_time_in_phase_and_the_hosts_total():
+    from rich.console import Console
+    clock = Clock()
+    p = events.FleetProgress(clock=clock)
+    p.handle(ev("runner_on_start", "gpu-01", task="Drain", role="sglang_stop"))
+    clock.t = 130.0
+    p.handle(ev("runner_on_start", "gpu-01", task="Wait", role="gpu_memory_wait"))
+    clock.t = 172.0
+    console = Console(file=io.StringIO(), width=200)
+    console.print(cli._progress_table(p, 0))
+    head, row = console.file.getvalue().splitlines()[:2]
+    assert head.split() == ["host", "phase", "in", "phase", "host", "total", "state", "task"]
+    assert row.split()[:6] == ["gpu-01", "wait", "42", "s", "72", "s"]

@@ -290,7 +290,7 @@ def test_callback_prints_the_check_table_for_check_yml(monkeypatch):
     assert plugin._display.lines[0] == "BANNER GPUFLEET CHECK"
     rows = plugin._display.lines[1].splitlines()
     assert rows[1].split() == ["h1", "OK", "8/8", "-"]
-    assert rows[2].split() == ["h2", "CRIT", "7/8", "CRIT", "ecc_uncorrected", "gpu1"]
+    assert rows[2].split() == ["h2", "CRIT", "7/8", "CRIT", "ecc_uncorrected", "GPU", "1"]
     assert rows[-1] == "2 host(s): 1 OK, 0 WARN, 1 CRIT"
     assert "GPUFLEET SUMMARY" not in "\n".join(plugin._display.lines)
 

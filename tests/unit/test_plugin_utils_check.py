@@ -437,7 +437,7 @@ def test_root_code_in_the_read_is_the_root_code_verdict():
 def test_the_line_said_per_host():
     g = healthy()
     g["gpu"]["gpus"][1]["clocks_event_reasons"] = ["hw_slowdown"]
-    assert chk.gpufleet_check_line(verdict(g)) == "WARN, GPUs 7/8: WARN throttle clocks slowed: hw_slowdown"
+    assert chk.gpufleet_check_line(verdict(g)) == "WARN, GPUs 7/8: WARN throttle GPU 1: clocks slowed: hw_slowdown"
     assert chk.gpufleet_check_line(verdict(healthy())) == "OK, GPUs 8/8"
     root = chk.gpufleet_check_root_code(["ansible_python_interpreter /v/bin/python runs as root, but ..."], 8)
     assert chk.gpufleet_check_line(root) == ("CRIT: not checked with become: ansible_python_interpreter /v/bin/python "
@@ -529,3 +529,93 @@ def test_a_verdict_that_still_waits_for_the_become_call_is_not_the_hosts():
     assert done["pending"]["become"] == []
     assert chk.gpufleet_check_fleet({"h": {"fleet_check_result": done}}, ["h"])["h"] == dict(
         (key, done[key]) for key in chk.VERDICT_KEYS)
+
+
+# ------------------------------------------------------------------------------ reasons as they are said (grouped)
+
+def _hot(temps):
+    """A verdict whose GPUs have these core temperatures (C), else healthy."""
+    g = healthy()
+    for i, t in temps.items():
+        g["gpu"]["gpus"][i]["temperature_gpu_c"] = t
+    return verdict(g)
+
+
+def test_the_same_reason_on_eight_gpus_is_said_once_with_its_gpus_in_the_line():
+    r = _hot({i: 87 for i in range(8)})
+    # the verdict keeps one reason per GPU (set_stats, check.json, the textfile read them per GPU)...
+    assert [x["gpu"] for x in r["reasons"] if x["code"] == "gpu_temperature"] == list(range(8))
+    # ...the line says it once
+    assert chk.gpufleet_check_line(r) == "WARN, GPUs 0/8: WARN gpu_temperature GPU 0\u20137: GPU temperature 87 C >= 85 C"
+
+
+def test_group_reasons_keeps_order_lists_gpus_as_ranges_and_never_merges_host_wide_reasons():
+    reasons = [chk._reason("CRIT", "nvlink_down", "NVLink link(s) 3 down", 1),
+               chk._reason("WARN", "gpu_temperature", "GPU temperature 87 C >= 85 C", 0),
+               chk._reason("WARN", "gpu_temperature", "GPU temperature 87 C >= 85 C", 1),
+               chk._reason("WARN", "gpu_temperature", "GPU temperature 91 C >= 85 C", 3),
+               chk._reason("WARN", "gpu_temperature", "GPU temperature 87 C >= 85 C", 2),
+               chk._reason("WARN", "gpu_temperature", "GPU temperature 87 C >= 85 C", 5),
+               chk._reason("WARN", "xid_unknown", "Xid events unknown: no log"),
+               chk._reason("WARN", "xid_unknown", "Xid events unknown: no log")]
+    groups = chk.group_reasons(reasons)
+    assert [(g["code"], g["gpus"], g["label"]) for g in groups] == [
+        ("nvlink_down", [1], "GPU 1: NVLink link(s) 3 down"),
+        ("gpu_temperature", [0, 1, 2, 5], "GPU 0\u20132, 5: GPU temperature 87 C >= 85 C"),
+        ("gpu_temperature", [3], "GPU 3: GPU temperature 91 C >= 85 C"),
+        ("xid_unknown", [], "Xid events unknown: no log"),
+        ("xid_unknown", [], "Xid events unknown: no log")]
+    # the same text with another severity or code is another reason
+    two = chk.group_reasons([chk._reason("WARN", "a", "t", 0), chk._reason("CRIT", "a", "t", 1),
+                             chk._reason("WARN", "b", "t", 2)])
+    assert [g["gpus"] for g in two] == [[0], [1], [2]]
+    assert chk.group_reasons([]) == [] and chk.group_reasons(None) == []
+
+
+def test_the_table_names_a_grouped_reason_with_its_gpus_and_counts_groups_not_gpus():
+    hot = _hot({i: 87 for i in range(8)})
+    assert chk.short_reasons(hot["reasons"]) == "WARN gpu_temperature GPU 0\u20137"
+    g = healthy()
+    for i in range(8):
+        g["gpu"]["gpus"][i]["temperature_gpu_c"] = 87
+        g["gpu"]["gpus"][i]["persistence_mode"] = "Disabled"
+    g["gpu"]["gpus"][1]["clocks_event_reasons"] = ["hw_slowdown"]
+    text = chk.short_reasons(verdict(g)["reasons"], limit=2)
+    assert text == "WARN gpu_temperature GPU 0\u20137, WARN persistence_off GPU 0\u20137 (+1)"
+    line = chk.gpufleet_check_table({"gpu-01": hot}).splitlines()[1]
+    assert line.split()[:4] == ["gpu-01", "WARN", "0/8", "WARN"] and line.endswith("gpu_temperature GPU 0\u20137")
+
+
+def test_report_rows_put_the_worst_hosts_first_then_by_name_with_grouped_reasons():
+    bad = healthy()
+    bad["gpu"]["gpus"][1]["ecc_errors_uncorrected_volatile_total"] = 2
+    fleet = {"gpu-03": verdict(healthy()), "gpu-02": _hot({i: 87 for i in range(8)}), "gpu-04": verdict(bad),
+             "gpu-01": verdict(healthy()), "gpu-00": _hot({0: 87}), "gpu-05": {"verdict": "bogus"}}
+    rows = chk.gpufleet_check_report_rows(fleet)
+    assert [(r["host"], r["verdict"]) for r in rows] == [
+        ("gpu-04", "CRIT"), ("gpu-05", "CRIT"), ("gpu-00", "WARN"), ("gpu-02", "WARN"), ("gpu-01", "OK"),
+        ("gpu-03", "OK")]
+    assert [g["label"] for g in rows[3]["reason_groups"]] == ["GPU 0\u20137: GPU temperature 87 C >= 85 C"]
+    assert len(rows[3]["reasons"]) == 8  # the verdict itself is untouched
+    assert fleet["gpu-02"].get("reason_groups") is None
+    assert filters.FilterModule().filters()["gpufleet_check_report_rows"] is chk.gpufleet_check_report_rows
+
+
+def test_the_html_report_lists_hosts_worst_first_and_a_shared_reason_once(tmp_path):
+    jinja2 = pytest.importorskip("jinja2")
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(ROOT / "roles" / "fleet_check" / "templates")),
+                             autoescape=False)
+    env.filters["gpufleet.fleet.gpufleet_check_report_rows"] = chk.gpufleet_check_report_rows
+    fleet = {"gpu-01": verdict(healthy()), "gpu-02": _hot({i: 87 for i in range(8)})}
+    bad = healthy()
+    bad["gpu"]["gpus"][1]["ecc_errors_uncorrected_volatile_total"] = 2
+    fleet["gpu-03"] = verdict(bad)
+    html = env.get_template("check.html.j2").render(gpufleet_check_fleet=fleet,
+                                                    gpufleet_check_generated_at="2026-12-05T08:00:00Z")
+    order = [html.index('data-host="%s" data-verdict' % h) for h in ("gpu-03", "gpu-02", "gpu-01")]
+    assert order == sorted(order)
+    assert html.count('data-code="gpu_temperature"') == 1
+    assert 'data-gpus="0,1,2,3,4,5,6,7">WARN gpu_temperature: GPU 0\u20137: GPU temperature 87 C &gt;= 85 C</li>' \
+        in html
+    # the per-GPU tables follow the same order
+    assert html.index('<table class="gpus" data-host="gpu-03"') < html.index('<table class="gpus" data-host="gpu-01"')
