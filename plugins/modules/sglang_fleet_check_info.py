@@ -21,7 +21,7 @@ description:
     module_utils functions do the reading), so a part that fails carries C(failed) and C(msg) and the others are
     still returned. The verdict is made on the controller (the C(gpufleet.fleet.gpufleet_check_verdict) filter).
   - Never changes anything; runs the same in check mode.
-version_added: "0.2.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   gather:
