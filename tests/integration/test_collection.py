@@ -71,6 +71,29 @@ def test_tarball_holds_the_collection_and_not_the_checkout(installed):
     assert not [n for n in names if n.split("/")[0] in ("tests", "library", "collections", ".git", "src", "awx")]
 
 
+def test_the_collection_carries_its_license_and_changelog(installed):
+    # Galaxy shows the license from MANIFEST.json and the changelog from changelogs/changelog.yaml; the fragments
+    # and antsibull-changelog's working files stay in the checkout.
+    with tarfile.open(installed["tarball"]) as tar:
+        names = set(tar.getnames())
+        info = json.load(tar.extractfile("MANIFEST.json"))["collection_info"]
+        license_text = tar.extractfile("LICENSE").read().decode()
+        changes = yaml.safe_load(tar.extractfile("changelogs/changelog.yaml"))
+        changelog_md = tar.extractfile("CHANGELOG.md").read().decode()
+    assert info["license"] == ["GPL-3.0-or-later"] and info["license_file"] is None
+    assert license_text == open(os.path.join(ROOT, "LICENSE")).read()
+    assert "GNU GENERAL PUBLIC LICENSE" in license_text and "Version 3, 29 June 2007" in license_text
+    assert "0.1.0" in changes["releases"] and "nvidia_gpu_info" in str(changes["releases"]["0.1.0"]["modules"])
+    assert "## v0\\.1\\.0" in changelog_md
+    assert "infrastructure" in info["tags"] and info["issues"] and info["documentation"] and info["homepage"]
+    assert not [n for n in names if n.startswith("changelogs/") and n not in ("changelogs", "changelogs/changelog.yaml")]
+    # what ansible-galaxy installed is what was built
+    inst = os.path.join(installed["colls"], "ansible_collections", "gpufleet", "fleet")
+    for name in ("LICENSE", "CHANGELOG.md", "changelogs/changelog.yaml"):
+        assert os.path.isfile(os.path.join(inst, name)), name
+    assert json.load(open(os.path.join(inst, "MANIFEST.json")))["collection_info"]["license"] == ["GPL-3.0-or-later"]
+
+
 def test_modules_resolve_by_fqcn_from_an_unrelated_directory(installed):
     ansible = os.path.join(BIN, "ansible")
     ok = run([ansible, "localhost", "-m", "gpufleet.fleet.sglang_host_info"], installed["cwd"], installed["env"])
