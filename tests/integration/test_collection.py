@@ -87,6 +87,7 @@ def test_the_collection_carries_its_license_and_changelog(installed):
     assert "## v0\\.1\\.0" in changelog_md
     assert "infrastructure" in info["tags"] and info["issues"] and info["documentation"] and info["homepage"]
     assert not [n for n in names if n.startswith("changelogs/") and n not in ("changelogs", "changelogs/changelog.yaml")]
+    assert not {"setup.py", "MANIFEST.in", "pyproject.toml", ".ansible-lint", ".yamllint"} & names
     # what ansible-galaxy installed is what was built
     inst = os.path.join(installed["colls"], "ansible_collections", "gpufleet", "fleet")
     for name in ("LICENSE", "CHANGELOG.md", "changelogs/changelog.yaml"):
