@@ -8,6 +8,7 @@ import runpy
 import subprocess
 import sys
 import tomllib
+import types
 from importlib import metadata
 
 import pytest
@@ -68,8 +69,8 @@ def test_the_pip_package_reads_its_version_from_galaxy_yml(tmp_path, monkeypatch
         "version: %s\n" % VERSION, "version: 9.8.7\n"))
     (tmp_path / "setup.py").write_text(open(os.path.join(ROOT, "setup.py")).read())
     seen = {}
-    import setuptools
-    monkeypatch.setattr(setuptools, "setup", lambda **kw: seen.update(kw))
+    # setuptools as the build backend hands it to setup.py (venvs of Python >= 3.12 have none of their own)
+    monkeypatch.setitem(sys.modules, "setuptools", types.SimpleNamespace(setup=lambda **kw: seen.update(kw)))
     runpy.run_path(str(tmp_path / "setup.py"))
     assert seen == {"version": "9.8.7"}
 
