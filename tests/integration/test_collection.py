@@ -242,8 +242,8 @@ def test_ansible_lint_imports_the_modules_and_checks_their_arguments(tmp_path):
     out = res.stdout + res.stderr
     assert "Ignored exception" not in out and "No module named" not in out, out[-3000:]
     assert "bogus_probe_arg" in out and "Unsupported parameters" in out, out[-3000:]
-    # the only finding is the probe's
-    assert re.search(r"0 failure\(s\), 1 warning\(s\)", out), out[-2000:]
+    # the only finding is the probe's, and it fails the lint (.ansible-lint: args is not only a warning)
+    assert res.returncode != 0 and re.search(r"1 failure\(s\), 0 warning\(s\)", out), out[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -302,7 +302,7 @@ def test_awx_configuration_parses_lints_clean_and_names_real_playbooks(tools, tm
         bad = run([lint, probe], ROOT, env, timeout=600)
     finally:
         os.unlink(probe)
-    assert "bogus_probe_arg" in bad.stdout + bad.stderr
+    assert "bogus_probe_arg" in bad.stdout + bad.stderr and bad.returncode != 0
     # what the job templates run exists; every survey variable is one the playbooks read
     play = yaml.safe_load(text)[0]
     tasks = {t["name"]: t for t in play["tasks"]}
