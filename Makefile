@@ -117,18 +117,19 @@ lint: venv tools-venv
 .PHONY: tools-venv changelog
 # The throwaway venv of packaging tools (ansible-builder, antsibull-changelog, awx.awx): tests/support/tools_venv.py.
 tools-venv: venv
-	$(VENV)/bin/python tests/support/tools_venv.py >/dev/null
+	$(VENV)/bin/python -c 'import sys; sys.path.insert(0, "tests/support"); import tools_venv; tools_venv.tools_venv()'
 
 # The changelog (antsibull-changelog; how to cut a release: docs/releasing.md). `make changelog` lints the fragments
 # in changelogs/fragments/; `make changelog VERSION=x.y.z` also cuts release x.y.z: galaxy.yml's version (the one
 # version source) becomes x.y.z, the fragments move into changelogs/changelog.yaml and CHANGELOG.md is rewritten.
-VERSION ?=
+# Only a VERSION given on the command line releases (not one from the environment or set in this file).
+RELEASE_VERSION = $(if $(filter command line,$(origin VERSION)),$(VERSION))
 changelog: tools-venv
 	PATH=$(CURDIR)/.cache/tools-venv/bin:$$PATH antsibull-changelog lint
-	@if [ -n "$(VERSION)" ]; then \
-	   $(VENV)/bin/python tests/support/release_version.py "$(VERSION)" && \
+	@if [ -n "$(RELEASE_VERSION)" ]; then \
+	   $(VENV)/bin/python tests/support/release_version.py "$(RELEASE_VERSION)" && \
 	   PATH=$(CURDIR)/.cache/tools-venv/bin:$$PATH antsibull-changelog release && \
-	   echo "released $(VERSION): commit galaxy.yml, changelogs/ and CHANGELOG.md"; \
+	   echo "released $(RELEASE_VERSION): commit galaxy.yml, changelogs/ and CHANGELOG.md"; \
 	 fi
 
 # ansible-test sanity (issue 32) on what the collection ships (galaxy.yml's build_ignore decides; plus

@@ -177,3 +177,21 @@ def test_a_refused_release_changes_nothing(tmp_path):
     after = (tmp_path / "galaxy.yml").read_text()
     assert [a for a, b in zip(after.splitlines(), text.splitlines()) if a != b] == \
         ["version: %d.%d.0" % (Version(VERSION).major, Version(VERSION).minor + 1)]
+
+
+def test_indent_sequences_moves_only_whitespace_and_the_filter_pages_need_none():
+    import indent_sequences
+    old = ("DOCUMENTATION:\n  name: x\n  description:\n  - 'first: a long line\n    continued'\n  - second\n"
+           "  options:\n    _input:\n      description:\n      - the input.\n      type: dict\n"
+           "EXAMPLES: |\n  - not: a sequence, a literal\n")
+    new = indent_sequences.indent_sequences(old)
+    assert yaml.safe_load(new) == yaml.safe_load(old)
+    assert new.split() == old.split()  # the same tokens: only indentation moved
+    assert "\n    - 'first: a long line\n      continued'\n    - second\n" in new
+    assert "\n        - the input.\n      type: dict\n" in new
+    assert new.endswith("EXAMPLES: |\n  - not: a sequence, a literal\n")
+    assert indent_sequences.indent_sequences(new) == new
+    # every filter page is written the way ansible-lint wants already (make lint)
+    for path in glob.glob(os.path.join(ROOT, "plugins", "filter", "*.yml")):
+        text = open(path, encoding="utf-8").read()
+        assert indent_sequences.indent_sequences(text) == text, path
