@@ -57,7 +57,8 @@ system-packages:
 	 fi
 
 # A controller environment: $(1) the interpreter, $(2) the venv folder, $(3) the pinned requirements. Also the
-# gpufleet command (src/gpufleet_cli), editable: it runs this checkout's playbooks.
+# gpufleet command (src/gpufleet_cli), editable: it runs this checkout's playbooks. Its version is galaxy.yml's
+# (setup.py reads it), so a new galaxy.yml reinstalls it.
 define controller_venv
 	$(1) -m venv $(2)
 	$(2)/bin/python -m pip install -q --upgrade pip
@@ -67,16 +68,16 @@ define controller_venv
 endef
 
 venv: $(VENV)/.installed
-$(VENV)/.installed: requirements/controller.txt pyproject.toml
+$(VENV)/.installed: requirements/controller.txt pyproject.toml galaxy.yml
 	$(call controller_venv,$(PYTHON),$(VENV),requirements/controller.txt)
 
 venv-new: $(VENV_NEW)/.installed
-$(VENV_NEW)/.installed: requirements/controller-ansible-2.21.txt pyproject.toml
+$(VENV_NEW)/.installed: requirements/controller-ansible-2.21.txt pyproject.toml galaxy.yml
 	@test -n "$(PY_NEW)" || { echo "no Python >= 3.12 found (set PY_NEW=/path/to/python3.12+)"; exit 1; }
 	$(call controller_venv,$(PY_NEW),$(VENV_NEW),requirements/controller-ansible-2.21.txt)
 
 venv-2.20: $(VENV_220)/.installed
-$(VENV_220)/.installed: requirements/controller-ansible-2.20.txt pyproject.toml
+$(VENV_220)/.installed: requirements/controller-ansible-2.20.txt pyproject.toml galaxy.yml
 	@test -n "$(PY_220)" || { echo "no Python >= 3.12 found (set PY_220=/path/to/python3.12)"; exit 1; }
 	$(call controller_venv,$(PY_220),$(VENV_220),requirements/controller-ansible-2.20.txt)
 
@@ -118,10 +119,33 @@ test: setup venv-new venv-2.20
 	PATH=$(CURDIR)/$(VENV_NEW)/bin:$$PATH $(VENV_NEW)/bin/python -m pytest -m "not lab_only_once" $(PYTEST_XDIST) $(PYTEST_ARGS)
 	PATH=$(CURDIR)/$(VENV_220)/bin:$$PATH $(VENV_220)/bin/python -m pytest tests/unit -m "not lab and not lab_only_once" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
-lint: venv
+# ansible-lint at the repository root (.ansible-lint says what it skips: generated files), with the real awx.awx
+# from the tools venv on the collections path so awx/*.yml is checked against its modules' argument specs; the
+# changelog fragments (antsibull-changelog lint); ansible-test sanity.
+TOOLS_SITE = $$(ls -d $(CURDIR)/.cache/tools-venv/lib/python3*/site-packages)
+lint: venv tools-venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-config validate -t all
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-lint playbooks roles
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ANSIBLE_COLLECTIONS_PATH=$(TOOLS_SITE):$(CURDIR)/collections ansible-lint
+	PATH=$(CURDIR)/.cache/tools-venv/bin:$$PATH antsibull-changelog lint
 	$(MAKE) --no-print-directory sanity
+
+.PHONY: tools-venv changelog
+# The throwaway venv of packaging tools (ansible-builder, antsibull-changelog, awx.awx): tests/support/tools_venv.py.
+tools-venv: venv
+	$(VENV)/bin/python -c 'import sys; sys.path.insert(0, "tests/support"); import tools_venv; tools_venv.tools_venv()'
+
+# The changelog (antsibull-changelog; how to cut a release: docs/releasing.md). `make changelog` lints the fragments
+# in changelogs/fragments/; `make changelog VERSION=x.y.z` also cuts release x.y.z: galaxy.yml's version (the one
+# version source) becomes x.y.z, the fragments move into changelogs/changelog.yaml and CHANGELOG.md is rewritten.
+# Only a VERSION given on the command line releases (not one from the environment or set in this file).
+RELEASE_VERSION = $(if $(filter command line,$(origin VERSION)),$(VERSION))
+changelog: tools-venv
+	PATH=$(CURDIR)/.cache/tools-venv/bin:$$PATH antsibull-changelog lint
+	@if [ -n "$(RELEASE_VERSION)" ]; then \
+	   $(VENV)/bin/python tests/support/release_version.py "$(RELEASE_VERSION)" && \
+	   PATH=$(CURDIR)/.cache/tools-venv/bin:$$PATH antsibull-changelog release && \
+	   echo "released $(RELEASE_VERSION): commit galaxy.yml, changelogs/ and CHANGELOG.md"; \
+	 fi
 
 # ansible-test sanity (issue 32) on what the collection ships (galaxy.yml's build_ignore decides; plus
 # tests/sanity/ignore-<core>.txt), run in a copy laid out as ansible_collections/gpufleet/fleet under .cache/sanity
@@ -142,7 +166,7 @@ collection: venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-galaxy collection build --force --output-path dist .
 
 # The execution environment's build context (context/Containerfile); build it where a container engine runs:
-# podman build -f context/Containerfile -t gpufleet-ee:0.1.0 context
+# podman build -f context/Containerfile -t gpufleet-ee:<galaxy.yml's version> context
 ee-context: collection
 	$(VENV)/bin/python -c 'import sys; sys.path.insert(0, "tests/support"); import tools_venv; tools_venv.tools_venv()'
 	.cache/tools-venv/bin/ansible-builder create -f execution-environment.yml -c context --output-filename Containerfile

@@ -16,7 +16,7 @@ description:
     C(msg), its one-line summary, per host), with what is left to do on the host (C(pending)).
   - A read the connection failed for makes the host CRIT C(unreachable); a skipped read adds nothing.
   - Runs on the controller only; never connects to the host and changes nothing.
-version_added: "0.3.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   reads:

@@ -25,7 +25,7 @@ description:
   - O(state=query) only reports the holder.
   - "Concurrent calls on one host are serialised with C(flock(2)) on C(<path>.guard), which the kernel drops
     when the process ends: nothing outlives the module."
-version_added: "1.1.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   path:

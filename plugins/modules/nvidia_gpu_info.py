@@ -46,6 +46,7 @@ options:
     type: str
     choices: [short, full]
     default: short
+    version_added: "0.2.0"
   processes:
     description:
       - Discover the processes on each GPU and the holders of C(/dev/nvidia*). Needs C(psutil) on the target.

@@ -21,7 +21,7 @@ description:
     module_utils functions do the reading), so a part that fails carries C(failed) and C(msg) and the others are
     still returned. The verdict is made on the controller (the C(gpufleet.fleet.gpufleet_check_verdict) filter).
   - Never changes anything; runs the same in check mode.
-version_added: "0.2.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   gather:
@@ -77,6 +77,7 @@ options:
         read (DCGM is not installed). An empty string skips the read.
     type: str
     default: dcgmi
+    version_added: "0.2.0"
   dcgmi_timeout_s:
     description:
       - >-
@@ -84,6 +85,7 @@ options:
         answer is abandoned after it (RV(dcgm) then says C(timeout)).
     type: float
     default: 10
+    version_added: "0.2.0"
   xid_window_min:
     description:
       - Minutes of kernel log read for Xid events (0 skips the read).

@@ -12,7 +12,7 @@ description:
     output tokens per second (sum of C(meta_info.completion_tokens) divided by the wall time of the whole batch).
   - Runs on the target so Ansible's own per-task overhead is not part of the figure.
   - Changes nothing on the host.
-version_added: "1.0.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   url:

@@ -30,7 +30,7 @@ description:
   - Local model directories (O(model_dirs)) must hold one of their marker files, e.g. C(config.json); an empty
     directory (an unmounted mount point) does not (RV(model_dirs)).
   - Never changes anything.
-version_added: "1.0.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 requirements:
   - psutil (on the managed host, in the interpreter Ansible runs there) when O(port) is given

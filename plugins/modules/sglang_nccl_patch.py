@@ -38,7 +38,7 @@ description:
     the original, keeping mode and owner. Stale byte-code of the patched file (C(__pycache__)) is removed.
   - The installed package is found without importing sglang (importing it loads torch and CUDA).
   - A running server is not affected; the values apply from the next start.
-version_added: "1.0.0"
+version_added: "0.1.0"
 author:
   - gpufleet maintainers (!UNKNOWN)
 options:
@@ -107,7 +107,6 @@ options:
       - Only for one file. When more than one file would change the module fails before writing any (use
         O(previous_dir) then). Mutually exclusive with O(previous_dir).
     type: path
-    version_added: "1.2.0"
   previous_dir:
     description:
       - "Like O(previous_file), for every file that changes: its bytes go to
@@ -115,7 +114,6 @@ options:
         C(srt.entrypoints.engine.py.prev); RV(files) names each copy and its SHA-256. C(restart.yml) uses
         C(<sglang_state_dir>/nccl-patch-prev). When a copy cannot be written no file is changed."
     type: path
-    version_added: "1.3.0"
   hand_edits:
     description:
       - "What to do with a hand-typed environment write of a variable of O(env), anywhere in
@@ -135,7 +133,6 @@ options:
     type: str
     choices: [refuse, take_over]
     default: refuse
-    version_added: "1.4.0"
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

@@ -29,7 +29,7 @@ description:
     call, its write access (M(gpufleet.fleet.sglang_host_info) with that user); and the stop preview when the
     stop runs as another user (pass its result in O(stop_preview)).
   - Never changes anything; runs the same in check mode.
-version_added: "0.2.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   gather:

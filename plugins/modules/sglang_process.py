@@ -56,7 +56,7 @@ description:
     started and C(changed) is false.
   - Requires psutil on the target for O(port) and the C(ready)/C(port_free) states (the SGLang virtualenv has
     it).
-version_added: "1.0.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   state:

@@ -23,7 +23,7 @@ description:
   - "Reports whether O(worker_url) may leave the pool (RV(leave): at least O(min_healthy) other workers take
     traffic) and whether the router routes to it (RV(routable))."
   - Never changes anything.
-version_added: "1.0.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   router_url:

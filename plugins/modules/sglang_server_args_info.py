@@ -39,7 +39,7 @@ description:
   - Invalid flags do not fail the module; they are returned in RV(errors) with RV(valid=false). The module
     fails only when sglang cannot be found or its files cannot be read.
   - Never changes anything.
-version_added: "1.0.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   python:

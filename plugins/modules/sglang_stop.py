@@ -55,7 +55,7 @@ description:
     (server, its whole process group, leftovers, defunct processes with live threads), each with pid, cmdline,
     user and C(ended=would signal); the preflight uses this to learn which GPU holders the stop will end."
   - Requires psutil on the target (the SGLang virtualenv has it).
-version_added: "1.0.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   pid_file:

@@ -17,7 +17,7 @@ description:
   - Never changes anything.
   - "SGLang sets worker titles with setproctitle, which overwrites C(/proc/<pid>/environ) unless C(SPT_NOENV) is
     set in the server's environment; a worker whose environ reads empty is reported with an C(error) saying so."
-version_added: "1.0.0"
+version_added: "0.1.0"
 author: gpufleet maintainers (!UNKNOWN)
 options:
   pid:

@@ -71,6 +71,30 @@ def test_tarball_holds_the_collection_and_not_the_checkout(installed):
     assert not [n for n in names if n.split("/")[0] in ("tests", "library", "collections", ".git", "src", "awx")]
 
 
+def test_the_collection_carries_its_license_and_changelog(installed):
+    # Galaxy shows the license from MANIFEST.json and the changelog from changelogs/changelog.yaml; the fragments
+    # and antsibull-changelog's working files stay in the checkout.
+    with tarfile.open(installed["tarball"]) as tar:
+        names = set(tar.getnames())
+        info = json.load(tar.extractfile("MANIFEST.json"))["collection_info"]
+        license_text = tar.extractfile("LICENSE").read().decode()
+        changes = yaml.safe_load(tar.extractfile("changelogs/changelog.yaml"))
+        changelog_md = tar.extractfile("CHANGELOG.md").read().decode()
+    assert info["license"] == ["GPL-3.0-or-later"] and info["license_file"] is None
+    assert license_text == open(os.path.join(ROOT, "LICENSE")).read()
+    assert "GNU GENERAL PUBLIC LICENSE" in license_text and "Version 3, 29 June 2007" in license_text
+    assert "0.1.0" in changes["releases"] and "nvidia_gpu_info" in str(changes["releases"]["0.1.0"]["modules"])
+    assert "## v0\\.1\\.0" in changelog_md
+    assert "infrastructure" in info["tags"] and info["issues"] and info["documentation"] and info["homepage"]
+    assert not [n for n in names if n.startswith("changelogs/") and n not in ("changelogs", "changelogs/changelog.yaml")]
+    assert not {"setup.py", "MANIFEST.in", "pyproject.toml", ".ansible-lint", ".yamllint"} & names
+    # what ansible-galaxy installed is what was built
+    inst = os.path.join(installed["colls"], "ansible_collections", "gpufleet", "fleet")
+    for name in ("LICENSE", "CHANGELOG.md", "changelogs/changelog.yaml"):
+        assert os.path.isfile(os.path.join(inst, name)), name
+    assert json.load(open(os.path.join(inst, "MANIFEST.json")))["collection_info"]["license"] == ["GPL-3.0-or-later"]
+
+
 def test_modules_resolve_by_fqcn_from_an_unrelated_directory(installed):
     ansible = os.path.join(BIN, "ansible")
     ok = run([ansible, "localhost", "-m", "gpufleet.fleet.sglang_host_info"], installed["cwd"], installed["env"])
@@ -218,8 +242,8 @@ def test_ansible_lint_imports_the_modules_and_checks_their_arguments(tmp_path):
     out = res.stdout + res.stderr
     assert "Ignored exception" not in out and "No module named" not in out, out[-3000:]
     assert "bogus_probe_arg" in out and "Unsupported parameters" in out, out[-3000:]
-    # the only finding is the probe's
-    assert re.search(r"0 failure\(s\), 1 warning\(s\)", out), out[-2000:]
+    # the only finding is the probe's, and it fails the lint (.ansible-lint: args is not only a warning)
+    assert res.returncode != 0 and re.search(r"1 failure\(s\), 0 warning\(s\)", out), out[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +302,7 @@ def test_awx_configuration_parses_lints_clean_and_names_real_playbooks(tools, tm
         bad = run([lint, probe], ROOT, env, timeout=600)
     finally:
         os.unlink(probe)
-    assert "bogus_probe_arg" in bad.stdout + bad.stderr
+    assert "bogus_probe_arg" in bad.stdout + bad.stderr and bad.returncode != 0
     # what the job templates run exists; every survey variable is one the playbooks read
     play = yaml.safe_load(text)[0]
     tasks = {t["name"]: t for t in play["tasks"]}

@@ -1,4 +1,4 @@
-"""A throwaway virtualenv for packaging checks: ansible-builder and the awx.awx collection.
+"""A throwaway virtualenv for packaging checks: ansible-builder, antsibull-changelog and the awx.awx collection.
 
 ``tools_venv()`` → dict ``python`` (path), ``bin`` (dir), ``collections`` (a path holding
 ``ansible_collections/awx/awx``), or raises ``ToolsUnavailable`` (PyPI unreachable and nothing cached).
@@ -22,7 +22,12 @@ WHEELS = os.path.join(CACHE, "wheels")
 VENV = os.path.join(CACHE, "tools-venv")
 ANSIBLE_BUILDER = "ansible-builder==3.2.0"
 ANSIBLE_WITH_AWX = "ansible==8.7.0"  # the last community package release checked to bundle awx.awx (22.7.0)
-PINS = "%s %s\n" % (ANSIBLE_BUILDER, ANSIBLE_WITH_AWX)
+ANTSIBULL_CHANGELOG = "antsibull-changelog==0.36.0"  # changelogs/ (make changelog, make lint)
+# antsibull-changelog imports ansible-core (when it can) for the plugin types it lists as new in a release: without
+# it, no filters or roles. The controller's pin, one home: requirements/controller.txt.
+ANSIBLE_CORE = next(line.strip() for line in open(os.path.join(ROOT, "requirements", "controller.txt"))
+                    if line.startswith("ansible-core=="))
+PINS = "%s %s %s %s\n" % (ANSIBLE_BUILDER, ANSIBLE_WITH_AWX, ANTSIBULL_CHANGELOG, ANSIBLE_CORE)
 
 
 class ToolsUnavailable(RuntimeError):
@@ -45,9 +50,9 @@ def tools_venv():
     os.makedirs(WHEELS, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", "--clear", VENV], check=True, capture_output=True)
     # cache first (one download), then install from the cache only
-    _pip(py, "download", "-d", WHEELS, ANSIBLE_BUILDER)
+    _pip(py, "download", "-d", WHEELS, ANSIBLE_BUILDER, ANTSIBULL_CHANGELOG, ANSIBLE_CORE)
     _pip(py, "download", "--no-deps", "-d", WHEELS, ANSIBLE_WITH_AWX)
-    _pip(py, "install", "--no-index", "--find-links", WHEELS, ANSIBLE_BUILDER)
+    _pip(py, "install", "--no-index", "--find-links", WHEELS, ANSIBLE_BUILDER, ANTSIBULL_CHANGELOG, ANSIBLE_CORE)
     site = glob.glob(os.path.join(VENV, "lib", "python3*", "site-packages"))
     # Only awx.awx is used: unpack ansible_collections/awx/ from the wheel (a zip) into site-packages, where pip
     # would put it, instead of installing all ~100 collections (pip install --no-deps: ~30 s of unpacking and

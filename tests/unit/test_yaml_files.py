@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Folders (walked for *.yml/*.yaml, symlinked folders skipped) and single YAML files (.ansible-lint is YAML too).
 SHIPPED = ("awx", "inventory", "meta", "playbooks", "plugins", "roles", "requirements", "galaxy.yml",
            "execution-environment.yml",
+           "changelogs", ".yamllint",
            ".ansible-lint")
 
 
