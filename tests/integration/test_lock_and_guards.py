@@ -210,7 +210,7 @@ def test_after_a_fleet_check_a_crit_host_is_left_serving_and_an_ok_host_is_resta
     rows = summary_rows(out)
     assert rows[crit][1] == "skipped" and rows[fine][1] == "ok", out[-3000:]
     notes = out.split("GPUFLEET SUMMARY", 1)[1]
-    assert ("%s: skipped: not restarted: the fleet check found it CRIT (CRIT ecc_uncorrected gpu1, GPUs ok 7/8)"
+    assert ("%s: skipped: not restarted: the fleet check found it CRIT (CRIT ecc_uncorrected GPU 1, GPUs ok 7/8)"
             % crit) in notes, notes
     published = custom_stats(runner)["gpufleet_restart"]
     assert published[crit]["result"] == "skipped" and "untouched" in published[crit]["advice"]

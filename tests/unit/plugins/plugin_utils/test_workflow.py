@@ -18,7 +18,7 @@ def test_without_a_check_every_target_is_restarted():
 def test_a_crit_host_is_skipped_naming_its_reasons_and_an_ok_host_is_restarted():
     skips = workflow.restart_skips(["h1", "h2"], {"h1": CRIT_ECC, "h2": OK})
     assert list(skips) == ["h1"]
-    assert "found it CRIT (CRIT ecc_uncorrected gpu1" in skips["h1"] and "GPUs ok 7/8" in skips["h1"]
+    assert "found it CRIT (CRIT ecc_uncorrected GPU 1" in skips["h1"] and "GPUs ok 7/8" in skips["h1"]
     assert "only OK hosts are restarted (gpufleet_restart_verdicts)" in skips["h1"]
 
 
