@@ -6,7 +6,7 @@ name: gpufleet_default
 type: stdout
 short_description: Ansible's default output, without ok/skipped noise at verbosity 0
 description:
-  - "The C(default) stdout callback with one change at verbosity 0: results that are C(ok) or C(skipped),
+  - "For playbooks, the C(default) stdout callback with one change at verbosity 0: results that are C(ok) or C(skipped),
     C(include_tasks)/C(include_role) results, C(included:) lines and loop items that changed nothing are not
     printed. A task's banner is printed only before its first shown result, a play's only before its first
     shown task, so a restart of 4 hosts reads in
@@ -22,7 +22,7 @@ description:
   - "A failed C(fail) or C(assert) task (a message the playbooks write for people) prints as
     C(fatal: [<host>]: <message>), the message as text (a list one item per line, indented), without the JSON dump and
     without ansible-core's C([ERROR]) block that repeats the same message with the task's file and line."
-  - "With C(-v) or more it prints exactly what C(default) prints. The options are those of C(default);
+  - "With C(-v) or more a playbook prints exactly what C(default) prints. The options are those of C(default);
     C(display_ok_hosts) and C(display_skipped_hosts) apply from C(-v) on."
   - "Ad hoc (C(ansible HOSTS -m MODULE), C(ansible-console); ansible.cfg C(bin_ansible_callbacks = True) lets
     them use this callback): prints what C(minimal), Ansible's ad-hoc output, prints (C(<host> | SUCCESS => {...}),
