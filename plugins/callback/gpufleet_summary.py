@@ -443,6 +443,12 @@ class CallbackModule(CallbackBase):
             self._human = is_human_stdout(stdout_callback_name())
         return self._human
 
+    def v2_playbook_on_start(self, playbook):
+        # An ad-hoc run (ansible.cfg bin_ansible_callbacks = True loads this callback there too) has no summary:
+        # the callback steps aside for the rest of the run.
+        if getattr(playbook, "_file_name", None) == "__adhoc_playbook__":
+            self.disabled = True
+
     def v2_playbook_on_play_start(self, play):
         self._play_name = play.get_name() or ""
         if "host by host" in self._play_name:

@@ -108,3 +108,47 @@ def test_a_play_with_no_hosts_says_nothing_at_verbosity_0_and_is_said_with_v(tmp
     quiet, verbose = outs
     assert "the second play ran" in quiet and "no hosts matched" not in quiet
     assert "skipping: no hosts matched" in verbose
+
+
+# Two inventory aliases of the local host: an ad-hoc set_fact returns the same long string from both (and one of
+# each host's own).
+ADHOC_INVENTORY = """
+[pair]
+gpu-a ansible_connection=local
+gpu-b ansible_connection=local
+"""
+LONG = ("kernel log not readable, Xid events unknown (not none): /dev/kmsg: No such file or directory; "
+        "journalctl -k: the journal holds no kernel messages of this boot")
+
+
+def _adhoc(tmp_path, *args):
+    inventory = tmp_path / "pair.ini"
+    inventory.write_text(ADHOC_INVENTORY)
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    env.pop("ANSIBLE_LOAD_CALLBACK_PLUGINS", None)
+    module_args = "xid_reason='%s' own='%s on {{ inventory_hostname }}'" % (LONG, LONG)
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible"), "pair", "-i", str(inventory),
+                           "-m", "ansible.builtin.set_fact", "-a", module_args, *args],
+                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_an_ad_hoc_run_prints_a_long_string_every_host_repeats_once(tmp_path):
+    out = _adhoc(tmp_path)
+    blocks = out.split(" | SUCCESS => ")
+    first = blocks[0].strip()  # the host printed first (the forks decide which)
+    second = "gpu-b" if first == "gpu-a" else "gpu-a"
+    assert first in ("gpu-a", "gpu-b") and out.count(" | SUCCESS => ") == 2, out
+    assert out.count('"xid_reason": "%s"' % LONG) == 1, out
+    assert out.count('"xid_reason": "(same as %s)"' % first) == 1, out
+    # the value that differs per host is printed whole for each
+    assert '"own": "%s on gpu-a"' % LONG in out and '"own": "%s on gpu-b"' % LONG in out
+    assert out.index("%s | SUCCESS" % second) > out.index('"xid_reason": "%s"' % LONG)
+    # as minimal prints ad hoc: no banners, no recap, nothing from the summary callback
+    assert "PLAY" not in out and "TASK [" not in out and "GPUFLEET" not in out, out
+
+
+def test_with_v_an_ad_hoc_run_prints_every_value_whole(tmp_path):
+    out = _adhoc(tmp_path, "-v")
+    assert out.count('"xid_reason": "%s"' % LONG) == 2 and "same as" not in out, out
