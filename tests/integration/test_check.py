@@ -362,8 +362,8 @@ def test_dcgm_health_failure_on_a_gpu_is_crit_and_a_passing_dcgm_is_ok(lab, serv
     [read] = [e["res"]["dcgm"] for e in lab.events(runner, "runner_on_ok", "sglang_fleet_check_info") if e["host"] == a]
     assert read["status"] == "ok" and read["dcgmi"] == os.path.join(lab.host_dirs[a], "bin", "dcgmi"), read
     lines = [e["res"]["msg"] for e in lab.events(runner, "runner_on_ok", "debug") if e["host"] == a]
-    assert any(line.startswith("CRIT, GPUs 7/8: CRIT dcgm_health_memory DCGM Memory system Failure: Detected 2 "
-                               "volatile double-bit ECC error(s) in GPU 3.") for line in lines), lines
+    assert any(line.startswith("CRIT, GPUs 7/8: CRIT dcgm_health_memory GPU 3: DCGM Memory system Failure: Detected "
+                               "2 volatile double-bit ECC error(s) in GPU 3.") for line in lines), lines
     table = out.split("GPUFLEET CHECK", 1)[1]
     [row] = [line for line in table.splitlines() if line.split()[:1] == [a]]
     assert row.split()[1:3] == ["CRIT", "7/8"] and "dcgm_health_memory" in row and "3" in row, table
