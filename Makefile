@@ -168,7 +168,7 @@ ee-packages:
 
 # Debian's podman on these machines (FIELD-NOTES): runc (crun refuses hybrid cgroups), cgroupfs, no cgroup pids
 # limit and no default ulimits (they fail with EPERM). Used through CONTAINERS_CONF, the system's config untouched.
-$(EE_DIR)/containers.conf:
+$(EE_DIR)/containers.conf: Makefile
 	mkdir -p $(EE_DIR)
 	printf '[containers]\ndefault_ulimits = []\npids_limit = 0\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n' > $@
 
