@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 .PHONY: setup system-packages venv venv-new venv-2.20 lab-up lab-down demo roll-under-load test test-unit test-lab test-new lint sanity docs \
-	clean collection ee-context ee ee-base ee-packages tools-venv awx-lint bench bench-site
+	clean collection ee-context ee ee-base ee-packages awx-lint bench bench-site
 
 setup: system-packages venv
 
@@ -122,24 +122,22 @@ collection: venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-galaxy collection build --force --output-path dist .
 
 # The version galaxy.yml names (the one version source): the tarball's and the EE image's.
-VERSION := $(shell sed -n 's/^version:[[:space:]]*["'"'"']\{0,1\}\([^"'"'"' #]*\).*/\1/p' galaxy.yml)
+COLLECTION_VERSION := $(shell sed -n 's/^version:[[:space:]]*["'"'"']\{0,1\}\([^"'"'"' #]*\).*/\1/p' galaxy.yml)
 
-# The execution environment's build context (context/Containerfile): the collection tarball of $(VERSION) goes to
-# dist/ee/gpufleet-fleet.tar.gz, the fixed name execution-environment.yml installs. Where a registry is reachable:
-# podman build -f context/Containerfile -t gpufleet-ee:$(VERSION) context
-ee-context: collection tools-venv
-	mkdir -p dist/ee && cp dist/gpufleet-fleet-$(VERSION).tar.gz dist/ee/gpufleet-fleet.tar.gz
-	.cache/tools-venv/bin/ansible-builder create -f execution-environment.yml -c context --output-filename Containerfile
-
-tools-venv: venv
+# The execution environment's build context (context/Containerfile): the collection tarball of galaxy.yml's version
+# goes to dist/ee/gpufleet-fleet.tar.gz, the fixed name execution-environment.yml installs. With a registry:
+# podman build -f context/Containerfile -t gpufleet-ee:$(COLLECTION_VERSION) context
+ee-context: collection
 	$(VENV)/bin/python -c 'import sys; sys.path.insert(0, "tests/support"); import tools_venv; tools_venv.tools_venv()'
+	mkdir -p dist/ee && cp dist/gpufleet-fleet-$(COLLECTION_VERSION).tar.gz dist/ee/gpufleet-fleet.tar.gz
+	.cache/tools-venv/bin/ansible-builder create -f execution-environment.yml -c context --output-filename Containerfile
 
 # The execution environment built for real with Debian's podman, then check.yml and an ad-hoc nvidia_gpu_info run
 # inside it through ansible-runner's process isolation (as AWX runs jobs) against a 2-host lab (docs/ee.md).
 # No registry here: the base is a local Debian bookworm (mmdebstrap -> podman import, cached in .cache/ee),
 # passed as EE_BASE_IMAGE. EE_BASE=<image> builds on that image instead (pulled if missing; EE_PKGMGR its
 # package manager). The lab part takes ~30 s; EE_LAB_LOCK (below) serialises it with other labs.
-EE_TAG ?= gpufleet-ee:$(VERSION)
+EE_TAG ?= gpufleet-ee:$(COLLECTION_VERSION)
 EE_BASE ?=
 EE_PKGMGR ?= /usr/bin/microdnf
 EE_LAB_DIR ?= .lab-ee
