@@ -136,7 +136,7 @@ ee-context: collection
 # inside it through ansible-runner's process isolation (as AWX runs jobs) against a 2-host lab (docs/ee.md).
 # No registry here: the base is a local Debian bookworm (mmdebstrap -> podman import, cached in .cache/ee),
 # passed as EE_BASE_IMAGE. EE_BASE=<image> builds on that image instead (pulled if missing; EE_PKGMGR its
-# package manager). The lab part takes ~30 s; EE_LAB_LOCK (below) serialises it with other labs.
+# package manager). The lab part takes ~10 s; EE_LAB_LOCK (below) serialises it with other labs.
 EE_TAG ?= gpufleet-ee:$(COLLECTION_VERSION)
 EE_BASE ?=
 EE_PKGMGR ?= /usr/bin/microdnf

@@ -243,7 +243,8 @@ def test_ansible_builder_creates_the_ee_context_with_the_collection(tools, insta
     os.makedirs(dist, exist_ok=True)
     name = "gpufleet-fleet.tar.gz"
     assert ee["additional_build_files"][0]["src"] == "dist/ee/" + name
-    assert "0.1.0" not in open(os.path.join(ROOT, "execution-environment.yml")).read()
+    version = yaml.safe_load(open(os.path.join(ROOT, "galaxy.yml")))["version"]
+    assert version not in open(os.path.join(ROOT, "execution-environment.yml")).read()
     shutil.copy(installed["tarball"], os.path.join(dist, name))
     ctx = tmp_path / "context"
     res = run([os.path.join(tools["bin"], "ansible-builder"), "create", "-f", "execution-environment.yml",
