@@ -151,7 +151,7 @@ ee ee-base: export CONTAINERS_CONF := $(EE_DIR)/containers.conf
 ee: setup ee-context ee-packages $(EE_DIR)/containers.conf
 	@if [ -z "$(EE_BASE)" ]; then $(MAKE) --no-print-directory ee-base; fi
 	.cache/tools-venv/bin/ansible-builder build -f execution-environment.yml -c context \
-	  --container-runtime podman --tag $(EE_TAG) \
+	  --container-runtime podman --tag $(EE_TAG) -v 3 \
 	  $(if $(EE_BASE),--build-arg EE_BASE_IMAGE=$(EE_BASE) --build-arg PKGMGR=$(EE_PKGMGR),--build-arg EE_BASE_IMAGE=$(EE_LOCAL_BASE) --build-arg PKGMGR=/usr/bin/apt-get --build-arg PKGMGR_PRESERVE_CACHE=always) \
 	  --extra-build-cli-args "--network host$(EE_PIP_MOUNTS)"
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUFLEET_EE_IMAGE=$(EE_TAG) GPUFLEET_EE_LAB_DIR=$(CURDIR)/$(EE_LAB_DIR) \
