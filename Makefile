@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 .PHONY: setup system-packages venv venv-new venv-2.20 lab-up lab-down demo roll-under-load test test-unit test-lab test-new lint sanity docs \
-	clean collection ee-context awx-lint bench bench-site
+	clean collection ee-context ee ee-base ee-packages awx-lint bench bench-site
 
 setup: system-packages venv
 
@@ -165,11 +165,68 @@ docs: venv
 collection: venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-galaxy collection build --force --output-path dist .
 
-# The execution environment's build context (context/Containerfile); build it where a container engine runs:
-# podman build -f context/Containerfile -t gpufleet-ee:<galaxy.yml's version> context
+# The version galaxy.yml names (the one version source): the tarball's and the EE image's.
+COLLECTION_VERSION := $(shell sed -n 's/^version:[[:space:]]*["'"'"']\{0,1\}\([^"'"'"' #]*\).*/\1/p' galaxy.yml)
+
+# The execution environment's build context (context/Containerfile): the collection tarball of galaxy.yml's version
+# goes to dist/ee/gpufleet-fleet.tar.gz, the fixed name execution-environment.yml installs. With a registry:
+# podman build -f context/Containerfile -t gpufleet-ee:$(COLLECTION_VERSION) context
 ee-context: collection
 	$(VENV)/bin/python -c 'import sys; sys.path.insert(0, "tests/support"); import tools_venv; tools_venv.tools_venv()'
+	mkdir -p dist/ee && cp dist/gpufleet-fleet-$(COLLECTION_VERSION).tar.gz dist/ee/gpufleet-fleet.tar.gz
 	.cache/tools-venv/bin/ansible-builder create -f execution-environment.yml -c context --output-filename Containerfile
+
+# The execution environment built for real with Debian's podman, then check.yml and an ad-hoc nvidia_gpu_info run
+# inside it through ansible-runner's process isolation (as AWX runs jobs) against a 2-host lab (docs/ee.md).
+# No registry here: the base is a local Debian bookworm (mmdebstrap -> podman import, cached in .cache/ee),
+# passed as EE_BASE_IMAGE. EE_BASE=<image> builds on that image instead (pulled if missing; EE_PKGMGR its
+# package manager). The lab part takes ~10 s; EE_LAB_LOCK (below) serialises it with other labs.
+EE_TAG ?= gpufleet-ee:$(COLLECTION_VERSION)
+EE_BASE ?=
+EE_PKGMGR ?= /usr/bin/microdnf
+EE_LAB_DIR ?= .lab-ee
+EE_DIR := $(CURDIR)/.cache/ee
+# pip inside the build uses the host's package index: its pip config, the local indexes it names and the CA bundle
+# (the host's, which trusts its HTTPS proxy), read-only.
+EE_PIP_MOUNTS ?= $(foreach p,$(wildcard /etc/pip.conf /etc/xdg/pip /etc/ssl/certs/ca-certificates.crt /opt/wheels /opt/pypi /opt/pypi-more), -v $(p):$(p):ro)
+# Where labs share a machine, EE_LAB_LOCK=<file> runs the lab part under flock on it (the build runs unlocked).
+EE_LAB_LOCK ?=
+ee ee-base: export CONTAINERS_CONF := $(EE_DIR)/containers.conf
+ee: setup ee-context ee-packages $(EE_DIR)/containers.conf
+	@if [ -z "$(EE_BASE)" ]; then $(MAKE) --no-print-directory ee-base; fi
+	.cache/tools-venv/bin/ansible-builder build -f execution-environment.yml -c context \
+	  --container-runtime podman --tag $(EE_TAG) -v 3 \
+	  $(if $(EE_BASE),--build-arg EE_BASE_IMAGE=$(EE_BASE) --build-arg PKGMGR=$(EE_PKGMGR),--build-arg EE_BASE_IMAGE=$(EE_LOCAL_BASE) --build-arg PKGMGR=/usr/bin/apt-get --build-arg PKGMGR_PRESERVE_CACHE=always) \
+	  --extra-build-cli-args "--network host$(EE_PIP_MOUNTS)"
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH GPUFLEET_EE_IMAGE=$(EE_TAG) GPUFLEET_EE_LAB_DIR=$(CURDIR)/$(EE_LAB_DIR) \
+	  $(if $(EE_LAB_LOCK),flock $(EE_LAB_LOCK)) $(VENV)/bin/python -m pytest -p no:xdist -p no:cacheprovider tests/ee -q -o addopts= $(PYTEST_ARGS)
+
+ee-packages:
+	@need=""; for p in podman runc mmdebstrap; do command -v $$p >/dev/null || need="$$need $$p"; done; \
+	 if [ -n "$$need" ]; then \
+	   if [ "$$(id -u)" != 0 ]; then echo "missing system packages:$$need (run 'make ee' as root)"; exit 1; fi; \
+	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$need >/dev/null; \
+	 fi
+
+# Debian's podman on these machines (FIELD-NOTES): runc (crun refuses hybrid cgroups), cgroupfs, no cgroup pids
+# limit and no default ulimits (they fail with EPERM). Used through CONTAINERS_CONF, the system's config untouched.
+$(EE_DIR)/containers.conf: Makefile
+	mkdir -p $(EE_DIR)
+	printf '[containers]\ndefault_ulimits = []\npids_limit = 0\n[engine]\ncgroup_manager = "cgroupfs"\nruntime = "runc"\n' > $@
+
+# The local stand-in of an EE base: Debian bookworm with python3, pip and the ssh client (ansible-core and
+# ansible-runner come from the EE build, as on any base). The tarball is cached; re-imported when missing.
+EE_LOCAL_BASE := localhost/gpufleet-ee-base:bookworm
+EE_DEBIAN_MIRROR ?= http://deb.debian.org/debian
+ee-base: $(EE_DIR)/base-bookworm.tar $(EE_DIR)/containers.conf
+	podman image exists $(EE_LOCAL_BASE) || podman import --change 'CMD ["/bin/bash"]' $< $(EE_LOCAL_BASE)
+$(EE_DIR)/base-bookworm.tar:
+	mkdir -p $(EE_DIR)
+	mmdebstrap --variant=apt --include=python3,python3-pip,openssh-client,ca-certificates \
+	  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+	  --dpkgopt='path-exclude=/usr/share/locale/*' --aptopt='Acquire::Languages "none"' \
+	  bookworm $@.part.tar $(EE_DEBIAN_MIRROR)
+	mv $@.part.tar $@
 
 # AWX configuration as code: syntax-check and lint awx/configure.yml against awx.awx from a throwaway venv.
 awx-lint: venv

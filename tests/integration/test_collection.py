@@ -261,11 +261,14 @@ def test_ansible_builder_creates_the_ee_context_with_the_collection(tools, insta
     pins = open(os.path.join(ROOT, "requirements", "controller.txt")).read()
     assert ee["dependencies"]["ansible_core"]["package_pip"] in pins.splitlines()
     assert ee["dependencies"]["ansible_runner"]["package_pip"] in pins.splitlines()
-    # ansible-builder copies the tarball from dist/ (make collection); put this build's tarball there
-    dist = os.path.join(ROOT, "dist")
+    # no version in the EE file (galaxy.yml is the one source): make ee-context copies the tarball of galaxy.yml's
+    # version to a fixed name, dist/ee/gpufleet-fleet.tar.gz; put this build's tarball there
+    dist = os.path.join(ROOT, "dist", "ee")
     os.makedirs(dist, exist_ok=True)
-    name = os.path.basename(installed["tarball"])
-    assert ee["additional_build_files"][0]["src"] == "dist/" + name
+    name = "gpufleet-fleet.tar.gz"
+    assert ee["additional_build_files"][0]["src"] == "dist/ee/" + name
+    version = yaml.safe_load(open(os.path.join(ROOT, "galaxy.yml")))["version"]
+    assert version not in open(os.path.join(ROOT, "execution-environment.yml")).read()
     shutil.copy(installed["tarball"], os.path.join(dist, name))
     ctx = tmp_path / "context"
     res = run([os.path.join(tools["bin"], "ansible-builder"), "create", "-f", "execution-environment.yml",
