@@ -1,6 +1,6 @@
 """Fixtures for the execution-environment test (``make ee``; not part of ``make test``).
 
-``ee_image``: the image ``make ee`` built (``GPUFLEET_EE_IMAGE``, e.g. ``gpufleet-ee:0.1.0``); the test is skipped
+``ee_image``: the image ``make ee`` built (``GPUFLEET_EE_IMAGE``, e.g. ``gpufleet-ee:<version>``); the test is skipped
 when it is unset. ``ee_lab``: a 2-host lab in ``GPUFLEET_EE_LAB_DIR`` (default ``<repo>/.lab-ee``), brought up
 and taken down by the session; ``GPUFLEET_TEST_LAB_DIR`` reuses a running lab instead (left running). The lab
 API is the integration tests' ``Lab`` (tests/integration/conftest.py docstring).

@@ -58,8 +58,11 @@ def test_ad_hoc_nvidia_gpu_info_in_the_ee_reads_every_gpu_of_both_hosts(ee_image
     results = _ok_results(runner)
     assert set(results) == set(ee_lab.hosts) and len(results) == 2
     for host, res in results.items():
-        # the module ran on the host and read its GPUs: the simulator's own UUIDs, in index order
-        assert [g["uuid"] for g in res["gpus"]] == [g["uuid"] for g in ee_lab.gpus(host)], host
+        # the module ran on the host and read its GPUs: the simulator's own UUIDs, in index order. The default
+        # (short) answer groups GPUs by what differs: every UUID differs, so one group per GPU, named by its index.
+        by_index = {g["gpus"]: g["uuid"] for g in res["gpu_groups"]}
+        assert res["gpu_count"] == 8 and "gpus" not in res, host
+        assert [by_index[str(i)] for i in range(8)] == [g["uuid"] for g in ee_lab.gpus(host)], host
         assert res["changed"] is False
 
 
