@@ -120,12 +120,11 @@ test: setup venv-new venv-2.20
 	PATH=$(CURDIR)/$(VENV_220)/bin:$$PATH $(VENV_220)/bin/python -m pytest tests/unit -m "not lab and not lab_only_once" $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # ansible-lint at the repository root (.ansible-lint says what it skips: generated files), with the real awx.awx
-# from the tools venv on the collections path so awx/*.yml is checked against its modules' argument specs; the
-# changelog fragments (antsibull-changelog lint); ansible-test sanity.
-TOOLS_SITE = $$(ls -d $(CURDIR)/.cache/tools-venv/lib/python3*/site-packages)
+# from the tools venv (linked at .cache/collections, which ansible.cfg's collections_path names) so awx/*.yml is
+# checked against its modules' argument specs; the changelog fragments (antsibull-changelog lint); ansible-test sanity.
 lint: venv tools-venv
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-config validate -t all
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ANSIBLE_COLLECTIONS_PATH=$(TOOLS_SITE):$(CURDIR)/collections ansible-lint
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH ansible-lint
 	PATH=$(CURDIR)/.cache/tools-venv/bin:$$PATH antsibull-changelog lint
 	$(MAKE) --no-print-directory sanity
 

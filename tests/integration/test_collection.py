@@ -255,6 +255,17 @@ def tools():
 
 
 @pytest.mark.lab_only_once
+def test_the_checkout_finds_awx_awx_through_ansible_cfg_once_the_tools_venv_exists(tools):
+    # plain `ansible-lint` / ansible-doc at the root, no ANSIBLE_COLLECTIONS_PATH: ansible.cfg's collections_path
+    # names .cache/collections, where tools_venv links the awx.awx it unpacked
+    env = clean_env(ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    doc = run([os.path.join(BIN, "ansible-doc"), "-j", "awx.awx.workflow_job_template"], ROOT, env, timeout=120)
+    assert doc.returncode == 0, doc.stderr[-2000:]
+    path = json.loads(doc.stdout)["awx.awx.workflow_job_template"]["doc"]["filename"]
+    assert os.path.realpath(path).startswith(os.path.realpath(tools["collections"])), path
+
+
+@pytest.mark.lab_only_once
 def test_ansible_builder_creates_the_ee_context_with_the_collection(tools, installed, tmp_path):
     ee = yaml.safe_load(open(os.path.join(ROOT, "execution-environment.yml")))
     assert ee["version"] == 3

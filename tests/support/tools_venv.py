@@ -41,7 +41,29 @@ def _pip(python, *args):
         raise ToolsUnavailable("pip %s failed: %s" % (" ".join(args[:2]), (proc.stderr or proc.stdout)[-800:]))
 
 
+# A stable collections path for awx.awx (ansible.cfg's collections_path names it), so plain ``ansible-lint`` at the
+# repository root resolves awx.awx once this venv exists: a link to the copy in the venv's site-packages.
+COLLECTIONS = os.path.join(CACHE, "collections")
+
+
+def _link_collections(site):
+    link = os.path.join(COLLECTIONS, "ansible_collections", "awx")
+    target = os.path.join(site, "ansible_collections", "awx")
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.islink(link) and os.readlink(link) == target:
+        return
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(target, link)
+
+
 def tools_venv():
+    result = _tools_venv()
+    _link_collections(result["collections"])
+    return result
+
+
+def _tools_venv():
     stamp = os.path.join(VENV, ".pins")
     py = os.path.join(VENV, "bin", "python")
     site = glob.glob(os.path.join(VENV, "lib", "python3*", "site-packages"))
