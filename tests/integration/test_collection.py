@@ -460,6 +460,8 @@ def _rendered_arguments_pass_the_awx_modules_specs(text, tools, tmp_path):
         text.replace("  gather_facts: false\n", "  gather_facts: false\n  ignore_errors: true\n", 1)
         .replace("      no_log: true\n", "      no_log: false\n"))  # dummy keys: let the results show the message
     shutil.copy(os.path.join(ROOT, "awx", "vars.yml"), str(probe / "vars.yml"))
+    # vars.yml reads the EE image's tag from the checkout's galaxy.yml, one folder above the playbook
+    shutil.copy(os.path.join(ROOT, "galaxy.yml"), str(tmp_path / "galaxy.yml"))
     runner = ansible_runner.run(
         private_data_dir=str(probe / "runner"), playbook=str(probe / "configure.yml"), quiet=True,
         envvars={"CONTROLLER_HOST": "https://127.0.0.1:9", "CONTROLLER_OAUTH_TOKEN": "probe",
