@@ -166,6 +166,10 @@ def test_check_mode_changes_nothing(lab):
     stops = {d["host"]: d["res"] for d in lab.events(runner, "runner_on_ok", "sglang_stop")}
     assert all(any(e["pid"] == before[h] and e["ended"] == "would signal" for e in stops[h]["signalled"])
                for h in lab.hosts)
+    # and says so in words: nothing "stopped" in a dry run
+    said = [d["res"]["msg"] for d in lab.events(runner, "runner_on_ok", "debug")
+            if d.get("task") == "Report what was stopped"]
+    assert len(said) == len(lab.hosts) and all(" process(es) would be stopped (pids " in m for m in said), said
     # the summary names the server that keeps serving, and no new one
     rows = [d for d in lab.events(runner, "playbook_on_stats")][-1]["artifact_data"]["gpufleet_restart"]
     assert {h: (r["result"], r["old_pid"], r["new_pid"]) for h, r in rows.items()} == {
