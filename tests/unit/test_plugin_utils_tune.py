@@ -154,5 +154,5 @@ def test_with_an_even_count_each_name_follows_each_other_once_per_full_square():
 
 def test_schedule_of_nothing():
     assert tune.schedule([], 3) == [] and tune.schedule(["baseline"], 0) == []
-    assert tune.schedule(["baseline"], "2") == [{"round": 1, "repeat": 1, "name": "baseline"},
-                                               {"round": 2, "repeat": 2, "name": "baseline"}]
+    assert tune.schedule(["baseline"], "2") == [{"round": 1, "repeat": 1, "repeats": 2, "name": "baseline"},
+                                               {"round": 2, "repeat": 2, "repeats": 2, "name": "baseline"}]
