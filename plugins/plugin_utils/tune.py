@@ -20,6 +20,7 @@ candidate.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -227,15 +228,13 @@ def schedule(names, repeats):
 def _figure(value):
     """A measured figure as a float rounded to 2 decimals (what the report and the table show), or None when
     ``value`` is not a finite number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            return None
-    value = float(value)
-    if value != value or value in (float("inf"), float("-inf")):
+    if isinstance(value, bool):
         return None
-    return round(value, 2)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return round(value, 2) if math.isfinite(value) else None
 
 
 def summarize(values):
@@ -446,8 +445,8 @@ def progress_line(round, total, result):  # pylint: disable=redefined-builtin
     (its ``repeats``, when there, gives the /3), ``total``: the number of rounds, ``result``: the
     :func:`round_result` record."""
     repeats = round.get("repeats")
-    where = "round %s/%s %s (repeat %s%s)" % (round.get("round"), total, round.get("name"), round.get("repeat"),
-                                             "/%s" % repeats if repeats else "")
+    where = "round %s/%s %s (repeat %s%s)" % (
+        round.get("round"), total, round.get("name"), round.get("repeat"), "/%s" % repeats if repeats else "")
     result = result or {}
     if not result.get("ok"):
         return "%s: FAILED: %s" % (where, result.get("note") or "no measurement")

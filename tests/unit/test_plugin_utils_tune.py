@@ -408,3 +408,84 @@ def test_with_noise_the_decision_picks_the_true_best_and_never_a_slower_one():
     best = sum(1 for w in winners if w == "seed-eagle2")
     assert best >= 180, {w: winners.count(w) for w in set(winners)}
     assert all(TRUE_SPEEDS[w] >= TRUE_SPEEDS["baseline"] for w in winners)
+
+
+def test_figures_that_are_not_finite_numbers_are_not_figures():
+    assert tune.summarize([True, "nan", float("inf"), "93.456", "fast", 90]) == {
+        "median": 91.73, "min": 90.0, "max": 93.46, "runs": [93.46, 90.0]}
+
+
+# --- the filters, in a real ansible-playbook run (the candidates as -e @file gives them) ------------------------
+
+FILTER_PLAY = """
+- hosts: localhost
+  gather_facts: false
+  vars:
+    own_env: {NCCL_DEBUG: WARN, NCCL_ALGO: Tree}
+    names: "{{ ['baseline'] + gpufleet_tune_candidates | map(attribute='name') }}"
+    rounds: "{{ names | gpufleet.fleet.gpufleet_tune_schedule(2) }}"
+  tasks:
+    - name: Check
+      ansible.builtin.set_fact:
+        problems: "{{ gpufleet_tune_candidates | gpufleet.fleet.gpufleet_tune_check_candidates([]) }}"
+        bad: "{{ [{'name': 'baseline', 'sglang_launch_args': {'tp_size': 8}}] | gpufleet.fleet.gpufleet_tune_check_candidates }}"
+        effective: "{{ own_env | gpufleet.fleet.gpufleet_tune_apply_overrides(gpufleet_tune_candidates[0].sglang_nccl_env) }}"
+    - name: Rounds
+      ansible.builtin.set_fact:
+        records: "{{ records | default([]) + [item.name | gpufleet.fleet.gpufleet_tune_round_result(item.repeat,
+          {'output_tok_s': speeds[item.name][item.repeat - 1], 'median_ttft_ms': 40.0, 'median_itl_ms': 11.0,
+           'completed': 8, 'num_prompts': 8},
+          {'output_tok_s': 600.0, 'max_concurrency': 8, 'completed': 8, 'num_prompts': 8}, none)] }}"
+        lines: "{{ lines | default([]) + [item | gpufleet.fleet.gpufleet_tune_progress_line(rounds | length,
+          item.name | gpufleet.fleet.gpufleet_tune_round_result(item.repeat, none, none, 'restart failed'))] }}"
+      loop: "{{ rounds }}"
+    - name: Report
+      ansible.builtin.set_fact:
+        report: "{{ records | gpufleet.fleet.gpufleet_tune_report(gpufleet_tune_candidates,
+          {'sglang_nccl_env': own_env, 'sglang_launch_args': {}}, 'single_stream_tok_s') }}"
+        summary: "{{ [1, 3, 2] | gpufleet.fleet.gpufleet_tune_summarize }}"
+    - name: Out
+      ansible.builtin.copy:
+        content: "{{ {'problems': problems, 'bad': bad, 'effective': effective, 'rounds': rounds, 'report': report,
+          'lines': lines, 'summary': summary, 'table': report | gpufleet.fleet.gpufleet_tune_table} | to_json }}"
+        dest: "{{ out }}"
+        mode: "0600"
+    - name: An unknown metric fails the task with its variable's name
+      ansible.builtin.debug:
+        msg: "{{ records | gpufleet.fleet.gpufleet_tune_report([], {}, 'fast') }}"
+"""
+
+
+def test_the_filters_in_a_playbook(tmp_path):
+    import json
+    import os
+    import pathlib
+    import subprocess
+    import sys
+    import yaml
+    root = pathlib.Path(__file__).resolve().parents[2]
+    candidates = {"gpufleet_tune_candidates": [
+        {"name": "seed-nccl", "sglang_nccl_env": dict(SEED_NCCL, NCCL_ALGO=None), "note": "the seed's"}]}
+    (tmp_path / "candidates.yml").write_text(yaml.safe_dump(candidates))
+    (tmp_path / "play.yml").write_text(FILTER_PLAY)
+    speeds = {"baseline": [82.0, 83.0], "seed-nccl": [94.0, 93.0]}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(root / "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               ANSIBLE_NOCOLOR="1", PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
+    done = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,",
+                           "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable,
+                           "-e", "@" + str(tmp_path / "candidates.yml"), "-e", json.dumps({"speeds": speeds}),
+                           "-e", "out=" + str(tmp_path / "out.json"), str(tmp_path / "play.yml")],
+                          cwd=str(root), env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "gpufleet_tune_metric must be one of" in out, out
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["problems"] == []
+    assert len(got["bad"]) == 2 and "the name baseline is taken" in got["bad"][0] and "write tp-size" in got["bad"][1]
+    assert got["effective"] == {"NCCL_DEBUG": "WARN", **{k: v for k, v in SEED_NCCL.items() if k != "NCCL_ALGO"}}
+    assert [r["name"] for r in got["rounds"]] == ["baseline", "seed-nccl", "seed-nccl", "baseline"]
+    assert got["report"]["winner"] == "seed-nccl" and got["report"]["candidates"][1]["note"] == "the seed's"
+    assert got["report"]["candidates"][1]["sglang_nccl_env"]["NCCL_ALGO"] is None
+    assert got["report"]["candidates"][0]["single_stream_tok_s"]["runs"] == [82.0, 83.0]
+    assert got["lines"][0] == "round 1/4 baseline (repeat 1/2): FAILED: restart failed"
+    assert got["summary"] == {"median": 2.0, "min": 1.0, "max": 3.0, "runs": [1.0, 3.0, 2.0]}
+    assert got["table"] == tune.table(got["report"])
