@@ -318,15 +318,16 @@ def _num(value):
     return text[:-1] if text.endswith("0") else text
 
 
-def _entry_note(name, records, repeats, user_note):
+def _entry_note(records, repeats, user_note):
+    """(ok, note) of one entry from its round records: ok when every repeat of the run measured and none failed."""
     if not records:
         return False, "not measured"
     failed = [r for r in records if not r.get("ok")]
     notes = ["repeat %s failed: %s" % (r.get("repeat"), r.get("note") or "no reason given") for r in failed]
-    missing = repeats - len(records)
-    if missing > 0:
-        notes.append("measured in %d of %d repeats" % (len(records), repeats))
-    ok = not failed and missing <= 0
+    done = len({r.get("repeat") for r in records})
+    if done < repeats:
+        notes.append("measured in %d of %d repeats" % (done, repeats))
+    ok = not failed and done >= repeats
     if ok and user_note:
         notes.append(str(user_note))
     return ok, "; ".join(notes)
@@ -396,7 +397,7 @@ def report(rounds, candidates, baseline_values, metric):
     entries = []
     for name, env, args, user_note in sources:
         records = [r for r in rounds if r.get("name") == name]
-        ok, note = _entry_note(name, records, repeats, user_note)
+        ok, note = _entry_note(records, repeats, user_note)
         entry = {"name": name, "sglang_nccl_env": dict(env or {}), "sglang_launch_args": dict(args or {})}
         for key in METRICS:
             entry[key] = summarize([r.get(key) for r in records if r.get("ok")] or
