@@ -20,6 +20,7 @@ candidate.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -227,15 +228,13 @@ def schedule(names, repeats):
 def _figure(value):
     """A measured figure as a float rounded to 2 decimals (what the report and the table show), or None when
     ``value`` is not a finite number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            return None
-    value = float(value)
-    if value != value or value in (float("inf"), float("-inf")):
+    if isinstance(value, bool):
         return None
-    return round(value, 2)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return round(value, 2) if math.isfinite(value) else None
 
 
 def summarize(values):
@@ -319,15 +318,16 @@ def _num(value):
     return text[:-1] if text.endswith("0") else text
 
 
-def _entry_note(name, records, repeats, user_note):
+def _entry_note(records, repeats, user_note):
+    """(ok, note) of one entry from its round records: ok when every repeat of the run measured and none failed."""
     if not records:
         return False, "not measured"
     failed = [r for r in records if not r.get("ok")]
     notes = ["repeat %s failed: %s" % (r.get("repeat"), r.get("note") or "no reason given") for r in failed]
-    missing = repeats - len(records)
-    if missing > 0:
-        notes.append("measured in %d of %d repeats" % (len(records), repeats))
-    ok = not failed and missing <= 0
+    done = len({r.get("repeat") for r in records})
+    if done < repeats:
+        notes.append("measured in %d of %d repeats" % (done, repeats))
+    ok = not failed and done >= repeats
     if ok and user_note:
         notes.append(str(user_note))
     return ok, "; ".join(notes)
@@ -397,7 +397,7 @@ def report(rounds, candidates, baseline_values, metric):
     entries = []
     for name, env, args, user_note in sources:
         records = [r for r in rounds if r.get("name") == name]
-        ok, note = _entry_note(name, records, repeats, user_note)
+        ok, note = _entry_note(records, repeats, user_note)
         entry = {"name": name, "sglang_nccl_env": dict(env or {}), "sglang_launch_args": dict(args or {})}
         for key in METRICS:
             entry[key] = summarize([r.get(key) for r in records if r.get("ok")] or
@@ -446,8 +446,8 @@ def progress_line(round, total, result):  # pylint: disable=redefined-builtin
     (its ``repeats``, when there, gives the /3), ``total``: the number of rounds, ``result``: the
     :func:`round_result` record."""
     repeats = round.get("repeats")
-    where = "round %s/%s %s (repeat %s%s)" % (round.get("round"), total, round.get("name"), round.get("repeat"),
-                                             "/%s" % repeats if repeats else "")
+    where = "round %s/%s %s (repeat %s%s)" % (
+        round.get("round"), total, round.get("name"), round.get("repeat"), "/%s" % repeats if repeats else "")
     result = result or {}
     if not result.get("ok"):
         return "%s: FAILED: %s" % (where, result.get("note") or "no measurement")
