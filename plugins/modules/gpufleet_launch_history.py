@@ -105,7 +105,7 @@ import gc
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_launch_history import (
-    HistoryError, append_entry, check_entry)
+    HistoryError, append_entry, check_entry, mask_secrets)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
 
 
@@ -121,15 +121,17 @@ def main():
     )
     redact_module(module)  # no API key in any result, message or warning (issue 31)
     params = module.params
+    # What the result echoes of the task's arguments: never a secret the entry should not have held.
+    invocation = {"module_args": dict(params, entry=mask_secrets(params["entry"]))}
     try:
         line = check_entry(params["entry"])
         result = append_entry(params["path"], params["entry"], params["max_entries"], module.check_mode)
     except HistoryError as exc:
-        module.fail_json(msg="%s: %s" % (params["path"], exc))
+        module.fail_json(msg="%s: %s" % (params["path"], exc), invocation=invocation)
     except OSError as exc:
-        module.fail_json(msg="%s: cannot write the launch history: %s" % (params["path"], exc))
+        module.fail_json(msg="%s: cannot write the launch history: %s" % (params["path"], exc), invocation=invocation)
     result["line_bytes"] = len(line.encode("utf-8"))
-    module.exit_json(**result)
+    module.exit_json(invocation=invocation, **result)
 
 
 if __name__ == "__main__":
