@@ -10,9 +10,9 @@ DOCUMENTATION = r"""
 module: gpufleet_launch_history
 short_description: Append one verified SGLang launch to the host's launch history
 description:
-  - Adds O(entry) as one JSON line to O(path) (the host's launch history, oldest first) and keeps the
+  - "Adds O(entry) as one JSON line to O(path) (the host's launch history, oldest first) and keeps the
     O(max_entries) newest. The file is rewritten atomically (temporary file in the same directory, fsync,
-    rename): a reader never sees half a line, a crash never loses the older entries.
+    rename): a reader never sees half a line, a crash never loses the older entries."
   - The file is created by the user the module runs as, with mode C(0600) (it holds argv and environment).
   - An O(entry) holding a key that names a secret (C(api_key), C(--api-key), C(HF_TOKEN), C(password),
     C(secret), C(authorization) ...) with a value other than null, empty, a boolean or C(********) is refused and
