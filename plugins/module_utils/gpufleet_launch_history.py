@@ -52,6 +52,17 @@ def secret_keys(value, path="entry"):
     return found
 
 
+def mask_secrets(value):
+    """A copy of ``value`` with the value of every key :func:`secret_keys` would name replaced by ``********``: what
+    the module echoes of a refused entry (its invocation) must not carry the secret it refused."""
+    if isinstance(value, dict):
+        return {k: (REDACTED if isinstance(k, str) and SECRET_KEY.search(k) and not isinstance(v, (dict, list))
+                    and v not in HIDDEN else mask_secrets(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_secrets(v) for v in value]
+    return value
+
+
 def parse_lines(text):
     """``(entries, bad)``: the JSON objects of ``text`` (one per line, in file order) and the count of lines that
     are not one (blank lines are neither)."""

@@ -10,9 +10,9 @@ DOCUMENTATION = r"""
 module: gpufleet_launch_history
 short_description: Append one verified SGLang launch to the host's launch history
 description:
-  - Adds O(entry) as one JSON line to O(path) (the host's launch history, oldest first) and keeps the
+  - "Adds O(entry) as one JSON line to O(path) (the host's launch history, oldest first) and keeps the
     O(max_entries) newest. The file is rewritten atomically (temporary file in the same directory, fsync,
-    rename): a reader never sees half a line, a crash never loses the older entries.
+    rename): a reader never sees half a line, a crash never loses the older entries."
   - The file is created by the user the module runs as, with mode C(0600) (it holds argv and environment).
   - An O(entry) holding a key that names a secret (C(api_key), C(--api-key), C(HF_TOKEN), C(password),
     C(secret), C(authorization) ...) with a value other than null, empty, a boolean or C(********) is refused and
@@ -105,7 +105,7 @@ import gc
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_launch_history import (
-    HistoryError, append_entry, check_entry)
+    HistoryError, append_entry, check_entry, mask_secrets)
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import redact_module
 
 
@@ -121,15 +121,17 @@ def main():
     )
     redact_module(module)  # no API key in any result, message or warning (issue 31)
     params = module.params
+    # What the result echoes of the task's arguments: never a secret the entry should not have held.
+    invocation = {"module_args": dict(params, entry=mask_secrets(params["entry"]))}
     try:
         line = check_entry(params["entry"])
         result = append_entry(params["path"], params["entry"], params["max_entries"], module.check_mode)
     except HistoryError as exc:
-        module.fail_json(msg="%s: %s" % (params["path"], exc))
+        module.fail_json(msg="%s: %s" % (params["path"], exc), invocation=invocation)
     except OSError as exc:
-        module.fail_json(msg="%s: cannot write the launch history: %s" % (params["path"], exc))
+        module.fail_json(msg="%s: cannot write the launch history: %s" % (params["path"], exc), invocation=invocation)
     result["line_bytes"] = len(line.encode("utf-8"))
-    module.exit_json(**result)
+    module.exit_json(invocation=invocation, **result)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ short_description: Read the host's launch history
 description:
   - Reads the launch history that module M(gpufleet.fleet.gpufleet_launch_history) writes (JSON Lines, oldest
     first) and returns its O(last) newest entries. Lines that are not JSON objects are skipped and counted.
-  - A missing file is no error (no launch verified yet on this host): RV(entries) is empty and RV(exists) false.
+  - "A missing file is no error (no launch verified yet on this host): RV(entries) is empty and RV(exists) false."
   - Never changes anything.
 version_added: "0.3.0"
 author: gpufleet maintainers (!UNKNOWN)
