@@ -183,3 +183,45 @@ def test_tokens_per_s_knob_still_wins(monkeypatch):
     t0 = time.monotonic()
     out = srv.generate(body)
     assert 0.09 <= time.monotonic() - t0 < 0.5 and out["meta_info"]["completion_tokens"] == 40
+
+
+def test_docs_lab_md_shows_the_same_table():
+    import re
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "lab.md")) as fh:
+        text = fh.read().split("## Decode speed", 1)[1]
+    rows = dict(re.findall(r"^\| `([a-z0-9+/-]+)` \| ([0-9.]+) \|", text, re.M))
+    assert {k: float(v) for k, v in rows.items()} == perf.TABLE
+    deltas = dict(re.findall(r"^\| `([a-z0-9+-]+)` \| .* \| ([−+]?[0-9.]+) \|$", text, re.M))
+    assert {k: float(v.replace("−", "-")) for k, v in deltas.items()} == {n: d for n, _, d, _ in perf.SPEC_ROWS}
+    assert all("`%s` | `%s`" % kv in text or "`%s`" % kv[1] in text for kv in perf.SEED_NCCL.items())
+    assert "60.0 + 3.75" in text and perf.NCCL_NONE_TOK_S == 60.0 and perf.NCCL_PER_VALUE_TOK_S == 3.75
+    assert "1 + 0.1 × (n − 1)" in text and perf.CONCURRENCY_COST == 0.1
+
+
+def test_tune_trials_candidates_and_verdicts():
+    """make tune-trials: the committed candidates' table speeds, and how a trial is judged."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "bench"))
+    import tune_trials
+    import yaml
+    with open(tune_trials.DEFAULT_CANDIDATES) as fh:
+        candidates = yaml.safe_load(fh)["gpufleet_tune_candidates"]
+    own_args = {"model-path": "/m", "tp-size": 8, "speculative-algorithm": "EAGLE3", "speculative-num-steps": 3,
+                "speculative-eagle-topk": 1, "speculative-num-draft-tokens": 4}  # the lab inventory's
+    speeds = tune_trials.expected_speeds(candidates, dict(perf.SEED_NCCL, NCCL_MAX_NCHANNELS=16), own_args)
+    tok = {n: v for n, (_, v) in speeds.items()}
+    assert tok == {"baseline": 82.5, "eagle-2-steps": 94.0, "eagle-1-step": 88.0, "eagle-4-steps": 76.5,
+                   "nccl-tree-simple": 75.0}
+    assert len(candidates) == 4 and tune_trials.table_best(speeds) == "eagle-2-steps"
+    assert (94.0 - 88.0) / 94.0 < 0.08 and min(tok.values()) < tok["baseline"]
+    log = ("[x] lab stand-in decode speed: row seed-nccl/eagle-3-steps, base 82.50 tok/s, factor 0.9700 (...)\n"
+           "[y] lab stand-in decode speed: row seed-nccl/eagle-2-steps, base 94.00 tok/s, factor 1.0300 (...)\n")
+    assert tune_trials.last_speed(log) == ("seed-nccl/eagle-2-steps", 94.0, 1.03)
+    assert tune_trials.last_speed("no start") is None
+    good = tune_trials.judge({}, speeds, {"winner": "eagle-2-steps"}, ("r", 94.0, 1.0), 200)
+    assert good["picked_best"] and good["never_worse"]
+    kept = tune_trials.judge({}, speeds, {"winner": "baseline"}, ("r", 82.5, 1.0), 200)
+    assert not kept["picked_best"] and kept["never_worse"]
+    worse = tune_trials.judge({}, speeds, {"winner": "eagle-4-steps"}, ("r", 76.5, 1.0), 200)
+    assert not worse["never_worse"]
+    down = tune_trials.judge({}, speeds, None, ("r", 94.0, 1.0), 503)
+    assert not down["picked_best"] and not down["never_worse"]
