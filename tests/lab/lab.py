@@ -60,7 +60,9 @@ FAULT_KNOBS = {
                      "thread keeps its GPU memory: <defunct> (state Z) yet holding (int|true=7)",
     "port_held": "a stray listener holds this port on the host (int|true=30000)",
     "stale_shm": "stale /dev/shm segments nccl-*, sgl_shm_1, cuda.shm.0 (bool|MiB per file)",
-    "tokens_per_s": "stand-in /generate speed (float, default 120)",
+    "tokens_per_s": "stand-in /generate speed, fixed, overriding the decode speed table (float)",
+    "perf_noise": "stand-in decode speed noise: one factor per start, uniform in +-this (float, default 0.05)",
+    "perf_seed": "seed of the stand-in's per-start noise, with the host's start counter (int, default 0)",
     "worker_mib": "MiB each stand-in TP worker holds (int, default 120000)",
     "hang_after_requests": "after N answered /generate requests the stand-in accepts generations and never answers "
                            "(health still answers); int N, or {\"n\": N, \"with_arg\": TEXT}: only a start whose argv "
