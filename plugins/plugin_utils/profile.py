@@ -142,8 +142,10 @@ def render_profile(name, candidate_entry, source):
     """The profile file's text (YAML, str): ``name``, the candidate's overrides (``sglang_nccl_env``,
     ``sglang_launch_args``) and ``source`` (canary, run id, metric medians, SGLang release, time), after a comment
     saying how to use it. Raises ValueError when the result would not pass :func:`check_profile`."""
+    import json
     import yaml
-    data = profile_data(name, candidate_entry, source)
+    # plain types: a playbook's values are Ansible's tagged str/dict subclasses, which yaml.safe_dump refuses
+    data = json.loads(json.dumps(profile_data(name, candidate_entry, source)))
     problems = check_profile(data)
     if problems:
         raise ValueError("profile %s: %s" % (name, "; ".join(problems)))
