@@ -75,13 +75,14 @@ options:
       - A ShareGPT-format JSON file on the host; switches to the client's C(random) data set, which cuts real
         text from it to the fixed lengths. Unset, prompts are random token ids and nothing is read or fetched.
     type: path
-    version_added: "0.3.0"
   timeout_s:
     description: Seconds the whole client run may take before it is stopped and the task fails.
     type: int
     default: 600
   env:
-    description: Extra environment for the client, e.g. C({HF_HUB_OFFLINE: "1"}) on hosts without the hub.
+    description:
+      - Extra environment for the client, e.g. C(HF_HUB_OFFLINE=1) on hosts without the hub (a mapping of names to
+        values).
     type: dict
     default: {}
 seealso:

@@ -4,14 +4,17 @@
 client's dependencies from PyPI, once, into a shared cache dir added to each host venv by a ``.pth``; a tokenizer
 built locally into each host's target model dir). Only this module asks for it; it is taken away again after.
 """
+import importlib.util
 import json
 import os
-import re
 import time
 
 import pytest
 
-from conftest import labtool
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("gpufleet_lab_tool_tune", os.path.join(ROOT, "tests", "lab", "lab.py"))
+labtool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(labtool)
 
 pytestmark = pytest.mark.lab
 

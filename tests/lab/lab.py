@@ -745,11 +745,13 @@ def cmd_bench_deps(args):
     for h in targets:
         if args.off:
             bench_deps.disable(h)
-            log("%s: benchmark client dependencies off" % h["name"])
-        else:
+            continue
+        try:
             got = bench_deps.enable(h, log=log)
-            log("%s: benchmark client dependencies on (%s, %s in %.1f s)" % (
-                h["name"], got["deps"], "cached" if got["cached"] else "installed", got["seconds"]))
+        except RuntimeError as exc:
+            raise LabError(str(exc))
+        log("%s: benchmark client dependencies on (%s, %s in %.1f s)" % (
+            h["name"], got["deps"], "cached" if got["cached"] else "installed", got["seconds"]))
     return 0
 
 
