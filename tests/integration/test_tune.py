@@ -1,20 +1,126 @@
-"""playbooks/tune.yml against the lab (issue 34): one real tune run over real SSH on one canary host.
+"""Lab tests of the tune loop (issue 34): SGLang's own benchmark client, and tune.yml.
 
-The baseline (the lab's inventory values: the seed's NCCL set, 3-step EAGLE-3 speculation), a candidate with
-2-step speculation (the stand-in's speed table makes it the fastest: it reads the flags from its argv and the NCCL
-values from its workers' environment) and a candidate whose server cannot start (fault knob crash_with_arg on a
-flag only that candidate passes), two repeats each, measured with module sglang_bench_serving with short lengths.
-Asserted on the host afterwards: the canary serves the winner's values (read from the workers' environment and the
-server's argv), the JSON report's shape and decision, the failed candidate's note and that the loop went on; and
-bad candidates are refused before the canary is touched (the server's pid unchanged).
+``bench_lab``: the session's lab with SGLang's benchmark client usable on every host (tests/lab/bench_deps.py: the
+client's dependencies from PyPI, once, into a shared cache dir added to each host venv by a ``.pth``; a tokenizer
+built locally into each host's target model dir). Only this module asks for it; it is taken away again after.
+
+tune.yml (one real run over real SSH on one canary host): the baseline (the lab's inventory values: the seed's NCCL
+set, 3-step EAGLE-3 speculation), a candidate with 2-step speculation (the stand-in's speed table makes it the
+fastest: it reads the flags from its argv and the NCCL values from its workers' environment) and a candidate whose
+server cannot start (fault knob crash_with_arg on a flag only that candidate passes), two repeats each, measured
+with module sglang_bench_serving (the real client) with short lengths. Asserted on the host afterwards: the canary
+serves the winner's values (read from the workers' environment and the server's argv), the JSON report's shape and
+decision, the failed candidate's note and that the loop went on; bad candidates are refused before the canary is
+touched (the server's pid unchanged).
 """
+import importlib.util
 import json
 import os
 import re
+import time
 
 import pytest
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_spec = importlib.util.spec_from_file_location("gpufleet_lab_tool_tune", os.path.join(ROOT, "tests", "lab", "lab.py"))
+labtool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(labtool)
+
 pytestmark = pytest.mark.lab
+
+KEY = "sk-gpufleet-tune-3f9c0d"
+# The stand-in's fixed decode speed for these tests (faults.json knob tokens_per_s: it replaces the speed model).
+TOKENS_PER_S = 400.0
+
+
+@pytest.fixture(scope="module")
+def bench_lab(lab):
+    state = labtool.load_state(labtool.Names(lab.lab_dir))
+    t0 = time.time()
+    got = None
+    for host in lab.hosts:
+        got = labtool.bench_deps.enable(labtool.host_entry(state, host), log=lambda _msg: None)
+    print("bench deps on %d hosts: %s, %.1f s" % (len(lab.hosts), "cached" if got["cached"] else "installed",
+                                                   time.time() - t0))
+    try:
+        yield lab
+    finally:
+        for host in lab.hosts:
+            labtool.bench_deps.disable(labtool.host_entry(state, host))
+
+
+def _ps(lab, host):
+    res = lab.exec(host, ["ps", "-eo", "pid=,args="], check=True)
+    return {int(p): a for p, _, a in (line.strip().partition(" ") for line in res.stdout.splitlines()) if p}
+
+
+def _stop_standin(lab, host, pid, timeout_s=30):
+    lab.exec(host, ["kill", "-TERM", str(pid)])
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and pid in _ps(lab, host):
+        time.sleep(0.2)
+
+
+def _result(lab, runner, host):
+    for status in ("runner_on_ok", "runner_on_failed"):
+        for data in lab.events(runner, status, "sglang_bench_serving"):
+            if data["host"] == host:
+                return data["res"]
+    with open(runner.stdout.name) as fh:
+        raise AssertionError("no sglang_bench_serving result for %s:\n%s" % (host, fh.read()[-3000:]))
+
+
+@pytest.mark.lab_only_once
+def test_real_bench_serving_measures_the_standin_and_refuses_without_the_key(bench_lab):
+    """SGLang 0.5.23's own client (python -m sglang.benchmark.serving) through the module against the stand-in
+    with --api-key: without the key the task fails saying why and the server serves on untouched; with it the
+    figures follow the stand-in's configured speed, every request completes, TTFT and ITL are measured."""
+    lab = bench_lab
+    host = lab.hosts[0]
+    hv = lab.host_vars(host)
+    lab.fault(host, tokens_per_s=TOKENS_PER_S)
+    pid = lab.start_standin(host, args=dict(hv["sglang_launch_args"], **{"api-key": KEY}))
+    try:
+        assert lab.wait_http(host, timeout_s=60) == 200
+        url = "http://%s:%d" % (hv["sglang_host"], hv["sglang_port"])
+        args = {"python": hv["sglang_python"], "url": url, "num_prompts": 4, "max_concurrency": 1,
+                "input_len": 32, "output_len": 64, "seed": 3, "warmup_requests": 1,
+                "env": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}}
+
+        refused = lab.run_module("gpufleet.fleet.sglang_bench_serving", args, hosts=host)
+        res = _result(lab, refused, host)
+        assert res.get("failed"), res
+        # without the key SGLang answers 401: /model_info gives no tokenizer, and the client stops at its warm-up
+        assert "sglang.benchmark.serving against %s" % url in res["msg"], res["msg"]
+        assert lab.wait_http(host, timeout_s=10) == 200 and pid in _ps(lab, host)  # the server serves on
+
+        t0 = time.time()
+        measured = lab.run_module("gpufleet.fleet.sglang_bench_serving", dict(args, api_key=KEY), hosts=host)
+        took = time.time() - t0
+        res = _result(lab, measured, host)
+        assert not res.get("failed"), res.get("msg", "") + "\n" + res.get("output_tail", "")
+        assert res["module"] == "sglang.benchmark.serving"
+        assert res["completed"] == res["num_prompts"] == 4 and res["max_concurrency"] == 1
+        # one stream at TOKENS_PER_S: below it by the HTTP and client overheads, never above it (+5 % slack)
+        assert 0.5 * TOKENS_PER_S <= res["output_tok_s"] <= 1.05 * TOKENS_PER_S, res
+        assert res["total_tok_s"] > res["output_tok_s"]  # input tokens counted too
+        assert 0 < res["median_ttft_ms"] < 2000 and res["median_e2e_latency_ms"] > 0
+        # the stand-in sends 8 chunks of 8 tokens: the client spreads each gap over its tokens, 1/400 s each
+        assert 0.8 * 1000 / TOKENS_PER_S <= res["median_itl_ms"] <= 3 * 1000 / TOKENS_PER_S, res
+        assert res["tokenizer"] == hv["sglang_launch_args"]["model-path"]
+        assert KEY not in json.dumps(res["cmd"]) and KEY not in json.dumps(res)
+        # nothing left on the host: no temp dir of the module, the server still serving
+        leftovers = lab.exec(host, ["sh", "-c", "ls -d /tmp/gpufleet-bench-* 2>/dev/null || true"]).stdout
+        assert leftovers.strip() == ""
+        assert lab.wait_http(host, timeout_s=10) == 200
+        print("module run with the real client: %.1f s, %.1f tok/s single stream at %.0f" % (
+            took, res["output_tok_s"], TOKENS_PER_S))
+    finally:
+        _stop_standin(lab, host, pid)
+        lab.fault(host, tokens_per_s=None)
+
+
+# tune.yml
 
 PLAYBOOK = "playbooks/tune.yml"
 FAST = {"sglang_stop_grace_s": 10, "sglang_launch_ready_slice_s": 5}
@@ -22,6 +128,8 @@ FAST = {"sglang_stop_grace_s": 10, "sglang_launch_ready_slice_s": 5}
 SHORT = {"gpufleet_tune_repeats": 2, "gpufleet_tune_num_prompts": 3, "gpufleet_tune_input_len": 16,
          "gpufleet_tune_output_len": 24, "gpufleet_tune_concurrency": 2, "gpufleet_tune_warmup_requests": 1}
 CRASH_FLAG = "--max-running-requests"
+# The lab has no network: the client loads the tokenizer the stand-in names, from the host's model dir.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 # Reads every process titled sglang::scheduler_TP<n> on the host and prints {title:pid: environ} as JSON.
 WORKER_ENV = r"""
@@ -75,8 +183,9 @@ def candidates():
 
 
 @pytest.fixture(scope="module")
-def tuned(lab, tmp_path_factory):
+def tuned(bench_lab, tmp_path_factory):
     """One real tune.yml run on the last lab host: (host, runner, report, stdout, profile dir)."""
+    lab = bench_lab
     host = lab.hosts[-1]
     ensure_serving(lab, host)
     work = tmp_path_factory.mktemp("tune")
@@ -87,7 +196,8 @@ def tuned(lab, tmp_path_factory):
                                                             gpufleet_tune_candidates=candidates(),
                                                             gpufleet_tune_report=report_path,
                                                             gpufleet_tune_profile="tuned-canary",
-                                                            gpufleet_profile_dir=profiles))
+                                                            gpufleet_profile_dir=profiles,
+                                                            gpufleet_tune_bench_env=OFFLINE))
     finally:
         lab.clear_faults(host)
     out = stdout_of(runner)

@@ -6,6 +6,7 @@
     lab.py status --lab-dir DIR
     lab.py exec   --lab-dir DIR HOST -- ARGV...
     lab.py fault  --lab-dir DIR HOST|all KNOB=VALUE... [--clear]
+    lab.py bench-deps --lab-dir DIR HOST|all [--off]
 
 ``--lab-dir`` may also follow HOST (``exec HOST --lab-dir DIR -- ARGV``), or any argument before a ``--``.
 
@@ -32,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(HERE, "standin"))
+import bench_deps  # noqa: E402
 import dcgmi_standin  # noqa: E402
 import gpusim  # noqa: E402
 import nsutil  # noqa: E402
@@ -737,6 +739,24 @@ def cmd_fault(args):
     return 0
 
 
+def cmd_bench_deps(args):
+    """SGLang's benchmark client on hosts: its dependencies and the lab tokenizer (bench_deps.py), or --off."""
+    names = Names(args.lab_dir)
+    state = require_state(names)
+    targets = state["hosts"] if args.host == "all" else [host_entry(state, args.host)]
+    for h in targets:
+        if args.off:
+            bench_deps.disable(h)
+            continue
+        try:
+            got = bench_deps.enable(h, log=log)
+        except RuntimeError as exc:
+            raise LabError(str(exc))
+        log("%s: benchmark client dependencies on (%s, %s in %.1f s)" % (
+            h["name"], got["deps"], "cached" if got["cached"] else "installed", got["seconds"]))
+    return 0
+
+
 def lab_dir_first(argv):
     """``argv`` with every ``--lab-dir DIR`` / ``--lab-dir=DIR`` moved right after the subcommand.
 
@@ -796,6 +816,10 @@ def main(argv=None):
     fa.add_argument("host", help="a lab host name, or all")
     fa.add_argument("knobs", nargs="*", metavar="KNOB=VALUE")
     fa.add_argument("--clear", action="store_true", help="drop all knobs before applying these")
+    bd = common(sub.add_parser("bench-deps", help="give hosts SGLang's benchmark client (its dependencies, a "
+                                                  "local tokenizer): bench-deps HOST|all [--off]"))
+    bd.add_argument("host", help="a lab host name, or all")
+    bd.add_argument("--off", action="store_true", help="take them away again")
     args, extra = p.parse_known_args(argv)
     # argparse stops taking KNOB=VALUE after an option (fault HOST --clear slow_load_s=40): take them still.
     if extra and args.cmd == "fault" and all("=" in e and not e.startswith("-") for e in extra):
@@ -804,7 +828,8 @@ def main(argv=None):
         p.error("unrecognized arguments: %s" % " ".join(extra))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lab.py status | head` ends quietly
     try:
-        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec, "fault": cmd_fault}[args.cmd](args)
+        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec, "fault": cmd_fault,
+                "bench-deps": cmd_bench_deps}[args.cmd](args)
     except LabError as exc:
         die(str(exc))
 

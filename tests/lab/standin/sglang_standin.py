@@ -21,7 +21,7 @@ Launched as ``<host venv python> sglang_standin.py <sglang.launch_server flags>`
    --host/--port (a held port fails the start only now, as in SGLang), warms up (0.3 s) and serves
    ``/health`` and ``/health_generate`` (503 until warm and while shutting down), ``/get_model_info``,
    ``/get_server_info`` (``version`` = installed release), ``/model_info``, ``/server_info``, ``/v1/models``,
-   ``POST /generate`` at this start's decode speed (7.).
+   ``POST /generate`` at this start's decode speed (7.), ``POST /flush_cache``.
 6. SIGTERM: /health → 503, drains in-flight requests (new ones are still served: the drain never ends under
    constant traffic), SIGKILLs its workers, then SIGKILLs itself (exit 137) up to 0.5.18, exits 0 after.
    A worker that dies unexpectedly makes it kill its tree (SGLang's SIGQUIT path).
@@ -741,6 +741,9 @@ class Server:
                     return self._stream(body)
                 if path == "/generate":
                     return self._send(200, server.generate(body))
+                if path == "/flush_cache":
+                    # sglang.benchmark.serving --flush-cache (or SGLANG_IS_IN_CI) posts it after the warm-up
+                    return self._send(200, {"message": "Cache flushed."})
                 self._send(404, {"detail": "Not Found"})
 
         return Handler
