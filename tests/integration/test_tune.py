@@ -251,14 +251,24 @@ def test_tune_leaves_the_canary_serving_the_winners_values(lab, tuned):
     host, runner, report, out, profiles = tuned
     pid = server_pid(lab, host)
     assert pid and lab.wait_http(host, timeout_s=10) == 200
-    argv = cmdline(lab, host, pid)
+    # the server that serves is the verified launch of the winner's values (its launch record) ...
+    record = json.loads(lab.exec(host, ["cat", "%s/launch.json" % lab.host_vars(host)["sglang_state_dir"]],
+                                 check=True).stdout)
+    assert record["pid"] == pid, record
+    argv = record["argv"]
     assert argv[argv.index("--speculative-num-steps") + 1] == "2", argv
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "3", argv
     assert CRASH_FLAG not in argv
+    # ... as the server itself parsed them (its last server_args line) ...
+    log = lab.exec(host, ["cat", "%s/sglang.log" % lab.host_vars(host)["sglang_state_dir"]], check=True).stdout
+    parsed = [line for line in log.splitlines() if "server_args=ServerArgs(" in line][-1]
+    assert "speculative_num_steps=2," in parsed and "speculative_num_draft_tokens=3," in parsed, parsed
+    # ... and the NCCL values reached every worker
     envs = worker_envs(lab, host)
     assert len(envs) == 8, envs.keys()
     for env in envs.values():
-        assert env.get("NCCL_PROTO") == "LL" and env.get("NCCL_ALGO") == "Ring", env
+        for name, value in lab.group_vars["sglang_nccl_env"].items():
+            assert env.get(name) == str(value), (name, env)
 
 
 @pytest.mark.lab_only_once
@@ -279,7 +289,8 @@ def test_a_candidate_that_cannot_start_is_recorded_and_the_loop_goes_on(lab, tun
 @pytest.mark.lab_only_once
 @pytest.mark.parametrize("bad, words", [
     ([{"name": "baseline", "sglang_launch_args": {"speculative-num-steps": 2}}], "baseline"),
-    ([{"name": "x", "sglang_nccl_env": {"NOT_NCCL": "1"}}], "NOT_NCCL"),
+    ([{"name": "x", "sglang_nccl_env": {"NCCL_PROTO": "LL;rm"}}], "NCCL_PROTO='LL;rm'"),
+    ([{"name": "x", "sglang_launch_args": {"tp-size": 8}, "sglang_env": {}}], "unknown key(s) sglang_env"),
 ])
 def test_bad_candidates_are_refused_before_the_canary_is_touched(lab, bad, words):
     host = lab.hosts[-1]
@@ -294,6 +305,8 @@ def test_bad_candidates_are_refused_before_the_canary_is_touched(lab, bad, words
 
 @pytest.mark.lab_only_once
 def test_more_than_one_canary_is_refused(lab):
+    if len(lab.hosts) < 2:
+        pytest.skip("needs a lab of two hosts or more")
     before = {h: server_pid(lab, h) for h in lab.hosts}
     runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, target="gpu_hosts", gpufleet_tune_candidates=candidates()))
     out = stdout_of(runner)
