@@ -46,7 +46,7 @@ DEFAULT_OUT = os.path.join(HERE, "results", "tune_trials.json")
 DEFAULT_EXTRA = [
     json.dumps({"sglang_stop_grace_s": 10, "sglang_launch_ready_slice_s": 5,
                 "gpufleet_tune_bench_env": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
-                "gpufleet_tune_num_prompts": 4, "gpufleet_tune_input_len": 32, "gpufleet_tune_output_len": 64,
+                "gpufleet_tune_num_prompts": 8, "gpufleet_tune_input_len": 32, "gpufleet_tune_output_len": 64,
                 "gpufleet_tune_concurrency": 8, "gpufleet_tune_warmup_requests": 1}),
 ]
 SPEED_LINE = re.compile(r"lab stand-in decode speed: row (\S+), base ([0-9.]+) tok/s, factor ([0-9.]+)")
