@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 .PHONY: setup system-packages venv venv-new venv-2.20 lab-up lab-down demo roll-under-load test test-unit test-lab test-new lint sanity docs \
-	clean collection ee-context ee ee-base ee-packages awx-lint bench bench-site
+	clean collection ee-context ee ee-base ee-packages awx-lint bench bench-site tune-trials
 
 setup: system-packages venv
 
@@ -246,6 +246,14 @@ bench: setup $(BENCH_SITE)/.installed
 $(BENCH_SITE)/.installed: requirements/bench.txt
 	$(VENV)/bin/python -m pip install -q --upgrade --target $(BENCH_SITE) -r requirements/bench.txt
 	touch $@
+
+# tune.yml's decision under noise (issue 34; not part of make test): 10 seeded trials of playbooks/tune.yml over the
+# 4 candidates of tests/bench/tune_candidates.yml on a lab canary (its own lab in .lab-tune), each checked against
+# the lab stand-in's speed table (docs/lab.md "Decode speed"); writes tests/bench/results/tune_trials.json.
+# Options: make tune-trials TUNE_TRIALS_ARGS='--parallel 2 --repeats 3 -e gpufleet_tune_num_prompts=4'.
+TUNE_TRIALS_ARGS ?=
+tune-trials: setup
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH PYTHONUNBUFFERED=1 $(VENV)/bin/python tests/bench/tune_trials.py $(TUNE_TRIALS_ARGS)
 
 clean: lab-down
 	rm -rf $(VENV) $(VENV_NEW) $(VENV_220) .cache dist context artifacts

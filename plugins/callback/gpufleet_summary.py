@@ -58,7 +58,7 @@ from ansible.plugins.callback import CallbackBase
 # collection loader finds them in the checkout (ansible.cfg's collections_path) or in the installed collection.
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.run import gpufleet_summary_table
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.check import gpufleet_check_table
-from ansible_collections.gpufleet.fleet.plugins.plugin_utils import phases, run
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import phases, run, tune
 
 # stdout callbacks that print for people; anything else (json, jsonl, junit, tree, unknown) gets no line from us.
 HUMAN_STDOUT_CALLBACKS = frozenset((
@@ -394,6 +394,7 @@ class CallbackModule(CallbackBase):
         self._seen_restart = False
         self._human = None
         self._check = None
+        self._tune = None  # tune.yml's report (set_stats gpufleet_tune): its table follows the summary
         # For a run interrupted before its stats (Ctrl-C: ansible-core then skips v2_playbook_on_stats and every
         # always: section): the phase each host was in, and what its stop and launch results said.
         self._phase = {}
@@ -503,6 +504,9 @@ class CallbackModule(CallbackBase):
         check = (stats.get("data") or {}).get("gpufleet_check")
         if isinstance(check, dict):
             self._check = _plain(dict(check))
+        tune_report = (stats.get("data") or {}).get("gpufleet_tune")
+        if isinstance(tune_report, dict):
+            self._tune = _plain(dict(tune_report))
         data = (stats.get("data") or {}).get("gpufleet_restart")
         if isinstance(data, dict):
             for host, published in _plain(dict(data)).items():
@@ -616,3 +620,7 @@ class CallbackModule(CallbackBase):
                 self._display.display("refused before touching any host (the cause is in the rows above)")
             else:
                 self._display.display("refused before touching any host: %s" % _first_line(message, 600))
+        if self._tune is not None:
+            # tune.yml: the canary's last restart is the row above; its report's table follows (plugin_utils/tune.py)
+            self._display.banner("GPUFLEET TUNE")
+            self._display.display(tune.table(self._tune))

@@ -1,4 +1,4 @@
-"""``gpufleet check|restart|patch|unlock``: gpufleet's playbooks through ansible-runner, with live progress.
+"""``gpufleet check|restart|patch|unlock|history|tune``: gpufleet's playbooks through ansible-runner, with live progress.
 
 The playbook runs as AWX runs it (ansible-runner, job events, artifacts on disk); this prints a line or a
 live table per host (phase, elapsed, task), then the fleet table, and exits non-zero when a host failed, was
@@ -25,8 +25,13 @@ COMMANDS = {
     "restart": "rolling restart: preflight, then per host patch, stop, wait, launch, verify",
     "patch": "the NCCL patch alone (no restart)",
     "unlock": "show who holds a host's restart lock and remove it (--check only shows)",
+    "history": "a host's launch history: every verified launch with its NCCL values, release and figures",
+    "tune": "try NCCL/speculative candidates on one canary host, keep the fastest as a profile",
 }
-DEFAULT_PHASE = {"check": "check", "patch": "patch", "unlock": "unlock", "restart": None}
+DEFAULT_PHASE = {"check": "check", "patch": "patch", "unlock": "unlock", "restart": None, "history": "history",
+                 "tune": None}
+# set_stats keys whose table the command prints (history.yml, tune.yml).
+TABLE_STATS = {"history": "gpufleet_history", "tune": "gpufleet_tune"}
 RESTART_COLUMNS = ("result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
 
 
@@ -128,7 +133,42 @@ def build_parser():
                        help="where runs are kept (default: <checkout>/artifacts, else ~/.local/state/gpufleet)")
         p.add_argument("--project-dir", metavar="DIR",
                        help="gpufleet checkout to run from (default: the one around the current directory)")
+        if name in ("history", "tune"):
+            p.add_argument("host", help="the host (history: a host, group or pattern; tune: one canary host)")
+        if name == "history":
+            p.add_argument("--last", type=int, metavar="N", help="the N newest launches per host (0 = all; "
+                                                                 "default 20)")
+        if name == "tune":
+            p.add_argument("-c", "--candidates", required=True, metavar="FILE",
+                           help="YAML file holding gpufleet_tune_candidates (a list of {name, sglang_nccl_env, "
+                                "sglang_launch_args})")
+            p.add_argument("--repeats", type=int, metavar="N", help="rounds per candidate (default 3)")
+            p.add_argument("--report", metavar="PATH", help="write the report as JSON to PATH (on this machine)")
+            p.add_argument("--profile", metavar="NAME", help="save the winner as this profile (default tune-HOST)")
     return parser
+
+
+def tune_candidates(path):
+    """The candidates of ``gpufleet tune -c FILE`` (list): the file's ``gpufleet_tune_candidates``, or the file
+    itself when it holds a list. Raises :class:`UsageError` for a file that cannot be read or holds neither, and
+    for candidates the core refuses (tune.check_candidates), naming every problem: nothing runs then."""
+    import yaml
+    try:
+        with open(path) as fh:
+            data = yaml.safe_load(fh)
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError("-c %s: %s" % (path, str(exc).splitlines()[0] if str(exc) else exc)) from None
+    candidates = data.get("gpufleet_tune_candidates") if isinstance(data, dict) else data
+    if not isinstance(candidates, list):
+        raise UsageError("-c %s: the file must hold gpufleet_tune_candidates, a list of candidates "
+                         "({name, sglang_nccl_env, sglang_launch_args})" % path)
+    try:
+        problems = core.load("tune").check_candidates(candidates)
+    except (ImportError, AttributeError):  # an older collection: tune.yml checks them itself
+        problems = []
+    if problems:
+        raise UsageError("-c %s: %s" % (path, "; ".join(problems)))
+    return candidates
 
 
 def run_spec(args, project, now=None):
@@ -146,6 +186,17 @@ def run_spec(args, project, now=None):
         extravars["target"] = args.limit
     if args.command == "check":
         extravars.setdefault("gpufleet_report_dir", report_dir)
+    if args.command in ("history", "tune"):
+        extravars["target"] = args.host
+    if args.command == "history" and args.last is not None:
+        extravars["gpufleet_history_last"] = args.last
+    if args.command == "tune":
+        extravars["gpufleet_tune_candidates"] = tune_candidates(args.candidates)
+        for option, name in (("repeats", "gpufleet_tune_repeats"), ("profile", "gpufleet_tune_profile")):
+            if getattr(args, option) is not None:
+                extravars[name] = getattr(args, option)
+        if args.report:
+            extravars["gpufleet_tune_report"] = os.path.abspath(args.report)
     envvars = {"ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0"}
     bindir = os.path.dirname(sys.executable)
     envvars["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "/usr/bin:/bin")
@@ -245,6 +296,33 @@ def fleet_table(report):
         for row in rows:
             table.add_row(row["host"], row["result"], str(row.get("changed", 0)), row.get("cause") or "-")
     return table
+
+
+def tune_fallback_table(report):
+    """The tune report in a few lines, for a collection whose core has no ``tune.table``."""
+    lines = ["winner: %s (baseline: %s)%s" % (report.get("winner"), report.get("baseline"),
+                                              "; " + report["reason"] if report.get("reason") else "")]
+    metric = report.get("metric") or "single_stream_tok_s"
+    for cand in report.get("candidates") or []:
+        figure = cand.get(metric) or {}
+        lines.append("  %-24s %s median %s (min %s, max %s)%s" % (
+            cand.get("name"), metric, _cell(figure.get("median"), "%.1f"), _cell(figure.get("min"), "%.1f"),
+            _cell(figure.get("max"), "%.1f"), "" if cand.get("ok") else "  not ok: %s" % (cand.get("note") or "?")))
+    return "\n".join(lines)
+
+
+def command_table(command, artifact_data, project=None):
+    """The table ``gpufleet history`` or ``gpufleet tune`` prints (str), from what the playbook published with
+    set_stats (:data:`TABLE_STATS`), with the core's own functions (history.history_table, tune.table; a core
+    without tune.table gets :func:`tune_fallback_table`); None when the playbook published nothing."""
+    data = (artifact_data or {}).get(TABLE_STATS.get(command, ""))
+    if not data:
+        return None
+    if command == "history":
+        history = core.load("history", project=project)
+        return history.history_table(history.fleet_entries(data))
+    table = getattr(core.load("tune", project=project), "table", None)
+    return table(data) if table else tune_fallback_table(data)
 
 
 def _why_lines(report):
@@ -462,6 +540,8 @@ def run(args, out=None, err=None):
         status = "canceled"
     report = build_report(args.command, progress, status, runner.rc, artifacts, report_dir,
                           check_mode=args.check)
+    if args.command in TABLE_STATS:  # history: {host: entries}; tune: the report
+        report[args.command] = progress.artifact_data.get(TABLE_STATS[args.command])
     with open(os.path.join(run_dir, "report.json"), "w") as fh:
         json.dump(report, fh, indent=2, sort_keys=True, default=str)
     if args.json:
@@ -470,7 +550,10 @@ def run(args, out=None, err=None):
         return report
     if live is None:
         _print_phase_lines(err, progress, shown)
-    if report["hosts"]:
+    table = command_table(args.command, progress.artifact_data, project) if args.command in TABLE_STATS else None
+    if table:
+        out.print(table, highlight=False, markup=False, soft_wrap=True)
+    if report["hosts"] and (table is None or report["failed_hosts"]):
         out.print(fleet_table(report))
     for line in _why_lines(report):
         out.print(line, highlight=False, markup=False, soft_wrap=True)

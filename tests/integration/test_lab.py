@@ -460,6 +460,70 @@ def test_generate_reports_tokens_at_the_configured_speed(lab):
         _stop_standin(lab, host, pid)
 
 
+# Client inside the host: one streaming /generate, rate between the first and the last token event (the decode
+# speed, without the HTTP set-up), then one plain /generate timed end to end. Prints JSON.
+_MEASURE = """
+import json, sys, time, urllib.request as u
+url, n = sys.argv[1], int(sys.argv[2])
+def post(stream):
+    body = json.dumps({"text": "a b c", "stream": stream, "sampling_params": {"max_new_tokens": n}}).encode()
+    return u.urlopen(u.Request(url, data=body, headers={"Content-Type": "application/json"}), timeout=60)
+events = []
+with post(True) as r:
+    for line in r:
+        if line.startswith(b"data: {"):
+            events.append((time.monotonic(), json.loads(line[6:])["meta_info"]["completion_tokens"]))
+(t1, k1), (t2, k2) = events[0], events[-1]
+t0 = time.monotonic()
+plain = json.loads(post(False).read())
+print(json.dumps({"stream_tok_s": (k2 - k1) / (t2 - t1), "events": len(events), "last": k2,
+                  "plain_tok_s": plain["meta_info"]["completion_tokens"] / (time.monotonic() - t0)}))
+"""
+
+
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
+def test_standin_decodes_at_the_table_speed_of_the_nccl_values_its_workers_got(lab):
+    """The seed's NCCL set in the server's environment reaches the workers and the stand-in serves at the table's
+    speed for it; without it, at the no-NCCL row (perf_noise 0: exact figures), measured over HTTP."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "lab", "standin"))
+    import perf
+    host = lab.hosts[1]
+    hv = lab.host_vars(host)
+    flags = hv["sglang_launch_args"]
+    if tuple(int(x) for x in re.findall(r"\d+", lab.group_vars["lab_sglang_version"])[:3]) < (0, 4, 5):
+        flags = {}  # _start drops the speculative flags there
+    url = "http://%s:30000/generate" % hv["sglang_host"]
+    log = os.path.join(lab.host_dirs[host], "state", "standin-test.log")
+    lab.fault(host, perf_noise=0)
+    measured = {}
+    try:
+        for name, env in (("seed", dict(NCCL, SPT_NOENV="1")), ("none", {"SPT_NOENV": "1"})):
+            row, tok_s = perf.decode_tok_s(env, flags)
+            pid = _start(lab, host, extra_env=env)
+            try:
+                assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
+                got = json.loads(lab.exec(host, [hv["sglang_python"], "-c", _MEASURE, url, "48"],
+                                          check=True).stdout)
+                with open(log) as fh:
+                    started = fh.read()
+                assert "decode speed: row %s, base %.2f tok/s, factor 1.0000" % (row, tok_s) in started
+                assert "from /proc/" in started  # read from a worker, not from the server's own environment
+            finally:
+                _stop_standin(lab, host, pid)
+                deadline = time.time() + 5  # the next start needs the GPU memory back
+                while time.time() < deadline and any(g["used_mib"] for g in lab.gpus(host)):
+                    time.sleep(0.05)
+            measured[name] = (tok_s, got)
+    finally:
+        lab.clear_faults(host)
+    for name, (tok_s, got) in measured.items():
+        assert got["last"] == 48 and got["events"] >= 24, (name, got)  # about one SSE event per token
+        assert 0.9 * tok_s <= got["stream_tok_s"] <= 1.1 * tok_s, (name, tok_s, got)
+        assert 0.85 * tok_s <= got["plain_tok_s"] <= 1.05 * tok_s, (name, tok_s, got)
+    (seed_tok_s, seed), (none_tok_s, none) = measured["seed"], measured["none"]
+    assert seed_tok_s > none_tok_s and seed["stream_tok_s"] > 1.15 * none["stream_tok_s"]
+
+
 @pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
 def test_full_dev_shm_makes_the_next_start_die_with_sigbus(lab):
     host = lab.hosts[0]

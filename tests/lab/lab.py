@@ -6,6 +6,7 @@
     lab.py status --lab-dir DIR
     lab.py exec   --lab-dir DIR HOST -- ARGV...
     lab.py fault  --lab-dir DIR HOST|all KNOB=VALUE... [--clear]
+    lab.py bench-deps --lab-dir DIR HOST|all [--off]
 
 ``--lab-dir`` may also follow HOST (``exec HOST --lab-dir DIR -- ARGV``), or any argument before a ``--``.
 
@@ -32,6 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(HERE, "standin"))
+import bench_deps  # noqa: E402
 import dcgmi_standin  # noqa: E402
 import gpusim  # noqa: E402
 import nsutil  # noqa: E402
@@ -60,7 +62,9 @@ FAULT_KNOBS = {
                      "thread keeps its GPU memory: <defunct> (state Z) yet holding (int|true=7)",
     "port_held": "a stray listener holds this port on the host (int|true=30000)",
     "stale_shm": "stale /dev/shm segments nccl-*, sgl_shm_1, cuda.shm.0 (bool|MiB per file)",
-    "tokens_per_s": "stand-in /generate speed (float, default 120)",
+    "tokens_per_s": "stand-in /generate speed, fixed, overriding the decode speed table (float)",
+    "perf_noise": "stand-in decode speed noise: one factor per start, uniform in +-this (float, default 0.05)",
+    "perf_seed": "seed of the stand-in's per-start noise, with the host's start counter (int, default 0)",
     "worker_mib": "MiB each stand-in TP worker holds (int, default 120000)",
     "hang_after_requests": "after N answered /generate requests the stand-in accepts generations and never answers "
                            "(health still answers); int N, or {\"n\": N, \"with_arg\": TEXT}: only a start whose argv "
@@ -735,6 +739,24 @@ def cmd_fault(args):
     return 0
 
 
+def cmd_bench_deps(args):
+    """SGLang's benchmark client on hosts: its dependencies and the lab tokenizer (bench_deps.py), or --off."""
+    names = Names(args.lab_dir)
+    state = require_state(names)
+    targets = state["hosts"] if args.host == "all" else [host_entry(state, args.host)]
+    for h in targets:
+        if args.off:
+            bench_deps.disable(h)
+            continue
+        try:
+            got = bench_deps.enable(h, log=log)
+        except RuntimeError as exc:
+            raise LabError(str(exc))
+        log("%s: benchmark client dependencies on (%s, %s in %.1f s)" % (
+            h["name"], got["deps"], "cached" if got["cached"] else "installed", got["seconds"]))
+    return 0
+
+
 def lab_dir_first(argv):
     """``argv`` with every ``--lab-dir DIR`` / ``--lab-dir=DIR`` moved right after the subcommand.
 
@@ -794,6 +816,10 @@ def main(argv=None):
     fa.add_argument("host", help="a lab host name, or all")
     fa.add_argument("knobs", nargs="*", metavar="KNOB=VALUE")
     fa.add_argument("--clear", action="store_true", help="drop all knobs before applying these")
+    bd = common(sub.add_parser("bench-deps", help="give hosts SGLang's benchmark client (its dependencies, a "
+                                                  "local tokenizer): bench-deps HOST|all [--off]"))
+    bd.add_argument("host", help="a lab host name, or all")
+    bd.add_argument("--off", action="store_true", help="take them away again")
     args, extra = p.parse_known_args(argv)
     # argparse stops taking KNOB=VALUE after an option (fault HOST --clear slow_load_s=40): take them still.
     if extra and args.cmd == "fault" and all("=" in e and not e.startswith("-") for e in extra):
@@ -802,7 +828,8 @@ def main(argv=None):
         p.error("unrecognized arguments: %s" % " ".join(extra))
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lab.py status | head` ends quietly
     try:
-        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec, "fault": cmd_fault}[args.cmd](args)
+        return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec, "fault": cmd_fault,
+                "bench-deps": cmd_bench_deps}[args.cmd](args)
     except LabError as exc:
         die(str(exc))
 

@@ -618,3 +618,72 @@ def test_the_live_table_labels_time_in_phase_and_the_hosts_total():
     head, row = console.file.getvalue().splitlines()[:2]
     assert head.split() == ["host", "phase", "in", "phase", "host", "total", "state", "task"]
     assert row.split()[:6] == ["gpu-01", "wait", "42", "s", "72", "s"]
+
+
+# -- history and tune (issue 34) ------------------------------------------------------------------------
+
+def test_history_targets_the_host_and_passes_last():
+    spec, _, _ = spec_of(["history", "gpu-07", "--last", "5"])
+    assert spec["playbook"].endswith(os.path.join("playbooks", "history.yml"))
+    assert spec["extravars"]["target"] == "gpu-07" and spec["extravars"]["gpufleet_history_last"] == 5
+    assert "gpufleet_history_last" not in spec_of(["history", "gpu-07"])[0]["extravars"]
+
+
+def test_tune_reads_the_candidates_file_and_maps_its_options(tmp_path):
+    cands = tmp_path / "candidates.yml"
+    cands.write_text("gpufleet_tune_candidates:\n  - name: cand-a\n    sglang_nccl_env: {NCCL_PROTO: LL}\n"
+                     "  - name: steps2\n    sglang_launch_args: {speculative-num-steps: 2}\n")
+    spec, _, _ = spec_of(["tune", "gpu-01", "-c", str(cands), "--repeats", "2", "--report", "r.json",
+                          "--profile", "fast"])
+    ev_ = spec["extravars"]
+    assert spec["playbook"].endswith(os.path.join("playbooks", "tune.yml")) and ev_["target"] == "gpu-01"
+    assert [c["name"] for c in ev_["gpufleet_tune_candidates"]] == ["cand-a", "steps2"]
+    assert ev_["gpufleet_tune_repeats"] == 2 and ev_["gpufleet_tune_profile"] == "fast"
+    assert ev_["gpufleet_tune_report"] == os.path.abspath("r.json")
+    assert "gpufleet_tune_repeats" not in spec_of(["tune", "gpu-01", "-c", str(cands)])[0]["extravars"]
+
+
+def test_tune_refuses_a_bad_candidates_file_before_anything_runs(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("gpufleet_tune_candidates:\n  - name: baseline\n")
+    with pytest.raises(cli.UsageError, match="bad.yml"):
+        spec_of(["tune", "gpu-01", "-c", str(bad)])
+    (tmp_path / "none.yml").write_text("other: 1\n")
+    with pytest.raises(cli.UsageError, match="must hold gpufleet_tune_candidates"):
+        spec_of(["tune", "gpu-01", "-c", str(tmp_path / "none.yml")])
+    with pytest.raises(cli.UsageError, match="missing.yml"):
+        spec_of(["tune", "gpu-01", "-c", str(tmp_path / "missing.yml")])
+
+
+def test_tune_needs_a_host_and_a_candidates_file(capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["tune", "gpu-01"])
+    assert "-c/--candidates" in capsys.readouterr().err
+
+
+def test_the_history_table_comes_from_the_published_entries():
+    data = {"gpufleet_history": {"gpu-02": [{"time": "2026-12-05T11:00:00Z", "run_id": "r2", "playbook": "restart",
+                                             "nccl_env": {"NCCL_PROTO": "LL"}, "sglang_version": "0.5.23"}],
+                                 "gpu-01": [{"time": "2026-12-05T10:00:00Z", "run_id": "r1", "playbook": "tune",
+                                             "candidate": "cand-a", "figures": {"single_stream_tok_s": 94.0}}]}}
+    lines = cli.command_table("history", data, ROOT).splitlines()
+    assert len(lines) == 3 and "gpu-01" in lines[1] and "cand-a" in lines[1] and "94.0 tok/s 1x" in lines[1]
+    assert "gpu-02" in lines[2] and "PROTO=LL" in lines[2] and "0.5.23" in lines[2]
+    assert cli.command_table("history", {}, ROOT) is None
+
+
+def test_the_tune_table_is_the_cores_or_a_fallback_with_the_same_numbers(monkeypatch):
+    report = {"baseline": "baseline", "winner": "cand-a", "metric": "single_stream_tok_s", "reason": "r",
+              "candidates": [{"name": "baseline", "ok": True,
+                              "single_stream_tok_s": {"median": 82.5, "min": 82.0, "max": 83.0, "runs": []}},
+                             {"name": "cand-a", "ok": False, "note": "verify failed",
+                              "single_stream_tok_s": {"median": None, "min": None, "max": None, "runs": []}}]}
+    fallback = cli.tune_fallback_table(report)
+    assert fallback.splitlines()[0].startswith("winner: cand-a (baseline: baseline)")
+    assert "82.5 (min 82.0, max 83.0)" in fallback and "not ok: verify failed" in fallback
+    from gpufleet_cli import core
+    tune = core.load("tune", project=ROOT)
+    monkeypatch.delattr(tune, "table", raising=False)
+    assert cli.command_table("tune", {"gpufleet_tune": report}, ROOT) == fallback
+    monkeypatch.setattr(tune, "table", lambda r: "core table of " + r["winner"], raising=False)
+    assert cli.command_table("tune", {"gpufleet_tune": report}, ROOT) == "core table of cand-a"

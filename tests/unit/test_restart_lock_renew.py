@@ -70,7 +70,7 @@ def test_verify_skips_its_renewal_after_one_at_readiness_and_renews_when_that_on
     assert rc == 0 and "skipping: [h1]" in out, out
 
 
-# restart.yml's rolling play works the lease plan out through the core (plugins/plugin_utils/phases.py lock_plan):
+# restart.yml's rolling play (playbooks/vars/restart_host.yml) works the lease plan out through the core (plugins/plugin_utils/phases.py lock_plan):
 # its own lease variables, rendered by a real ansible-playbook with the variables a user sets.
 PLAN_PLAYBOOK = """
 - hosts: all
@@ -87,8 +87,9 @@ PLAN_PLAYBOOK = """
 
 def _plan(tmp_path, **extra):
     import yaml
-    play = [p for p in yaml.safe_load((ROOT / "playbooks" / "restart.yml").read_text()) if "host by host" in p["name"]][0]
-    lease_vars = {k: v for k, v in play["vars"].items() if k.startswith("_gpufleet_lock_")}
+    # the rolling play's variables: playbooks/vars/restart_host.yml (restart.yml loads it, as tune.yml does)
+    play_vars = yaml.safe_load((ROOT / "playbooks" / "vars" / "restart_host.yml").read_text())
+    lease_vars = {k: v for k, v in play_vars.items() if k.startswith("_gpufleet_lock_")}
     (tmp_path / "plan.yml").write_text(PLAN_PLAYBOOK % (ROOT / "playbooks" / "vars" / "restart_lock.yml",
                                                         json.dumps(lease_vars)))
     (tmp_path / "inv.json").write_text(json.dumps({"all": {"hosts": {"h1": {

@@ -137,7 +137,7 @@ _PENDING = set()
 _KNOWN = {
     # The lease plan bounds the stretch between renewals by 30 s where the readiness slice defaults to 10 s: a
     # longer bound only renews more often (safe). To go when the lease plan reads the resolved role values.
-    ("playbooks/restart.yml", "sglang_launch_ready_slice_s"),
+    ("playbooks/vars/restart_host.yml", "sglang_launch_ready_slice_s"),
 }
 
 

@@ -21,23 +21,34 @@ Launched as ``<host venv python> sglang_standin.py <sglang.launch_server flags>`
    --host/--port (a held port fails the start only now, as in SGLang), warms up (0.3 s) and serves
    ``/health`` and ``/health_generate`` (503 until warm and while shutting down), ``/get_model_info``,
    ``/get_server_info`` (``version`` = installed release), ``/model_info``, ``/server_info``, ``/v1/models``,
-   ``POST /generate`` (sleeps max_new_tokens / ``tokens_per_s``).
+   ``POST /generate`` at this start's decode speed (7.), ``POST /flush_cache``.
 6. SIGTERM: /health → 503, drains in-flight requests (new ones are still served: the drain never ends under
    constant traffic), SIGKILLs its workers, then SIGKILLs itself (exit 137) up to 0.5.18, exits 0 after.
    A worker that dies unexpectedly makes it kill its tree (SGLang's SIGQUIT path).
+7. Decode speed (perf.py, docs/lab.md "Decode speed"): once its workers run, it reads a TP worker's
+   environment from ``/proc/<pid>/environ`` (readable with SPT_NOENV=1, as gpufleet launches; otherwise the
+   server's own environment, which the workers inherited, and the log says so), looks up the NCCL values and
+   its speculative flags in perf's table, applies this start's noise factor and logs row, base, factor and
+   effective tok/s. ``/generate`` then decodes at that speed per stream, one token at a time (streaming: one
+   SSE event per token; several when it fell behind), each stream slower with more requests in flight
+   (perf.per_stream_tok_s). The ``tokens_per_s`` knob, when set, replaces all of this (fixed speed, read per
+   request, eight stream chunks).
 
 Fault knobs (HOST_DIR/faults.json, set with ``lab.py fault``): slow_load_s, crash_on_start, crash_with_arg,
 worker_ignores_sigterm, orphan_worker (that TP rank double-forks away to the host's PID 1, new session),
 zombie_worker (that TP rank detaches like an orphan, then its main thread exits while a thread holding the
 worker's GPU memory and fds lives on: ``<defunct>``, state Z, memory held until the last thread dies),
-tokens_per_s (read per request), worker_mib, hang_after_requests (after N answered generations, a
-generation is accepted and never answered; int N, or {"n": N, "with_arg": TEXT} for a start whose argv holds TEXT
+tokens_per_s (read per request; overrides the decode speed model), perf_noise and perf_seed (the start's
+noise factor: uniform in +-perf_noise, default 0.05, seeded by perf_seed and the start number), worker_mib,
+hang_after_requests (after N answered generations, a generation is accepted and never answered; int N, or {"n": N, "with_arg": TEXT} for a start whose argv holds TEXT
 only; read once at the start, so a relaunch after the knob was cleared serves normally).
 
 Real-GPU mode (opt-in, for tests/gpu/real_restart.sh on a machine with NVIDIA GPUs and torch): with
 ``GPUFLEET_STANDIN_CUDA_MIB=N`` in the server's environment each TP worker allocates N MiB with torch on
 CUDA device ``rank % 8`` and holds it until it dies, instead of registering with the lab's gpusimd. Unset (the
-lab), nothing changes.
+lab), nothing changes. The decode speed follows the same table there; without a lab host dir its start counter
+lives in ``$GPUFLEET_STANDIN_PERF_DIR`` (default ``<tmp>/gpufleet-standin-perf-<uid>``) and the knobs are the
+defaults.
 """
 import json
 import os
@@ -50,10 +61,12 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 import gpusim  # noqa: E402
+import perf  # noqa: E402
 
 DEFAULT_WORKER_MIB = 120000
-DEFAULT_TOKENS_PER_S = 120.0
+PERF_DIR_ENV = "GPUFLEET_STANDIN_PERF_DIR"  # where the start counter lives without a lab host dir (real-GPU mode)
 DEFAULT_LOAD_S = 1.0
 WARMUP_S = 0.3
 DRAIN_POLL_S = 0.2
@@ -378,6 +391,7 @@ class Server:
         self.util_sock = None
         self.expected_exit = False
         self.hang_after = None  # lab fault hang_after_requests, decided once at the start (hang_after_of)
+        self.speed = None  # perf.start_speed of this start, decided once the workers run
         self.answered = 0
 
     @staticmethod
@@ -539,34 +553,89 @@ class Server:
         params = body.get("sampling_params") or {}
         n = int(params.get("max_new_tokens", 16))
         text = body.get("text") or ""
-        return n, max(1, len(str(text).split())), float(faults().get("tokens_per_s", DEFAULT_TOKENS_PER_S))
+        return n, max(1, len(str(text).split()))
 
-    def generate(self, body):
-        n, prompt_tokens, tps = self._request(body)
-        t0 = time.time()
-        self._enter()
-        try:
-            time.sleep(n / tps if tps > 0 else 0)
-        finally:
-            self._leave()
-        return {"text": " ".join(["lab"] * n), "meta_info": self._meta(t0, prompt_tokens, n, True)}
+    def start_speed(self, f):
+        """This start's decode speed (perf.start_speed) from a TP worker's environment as read from
+        /proc/<pid>/environ, and the speculative flags of the command line; logged once."""
+        source, env = None, None
+        for rank in sorted(r for r in self.worker_pids if r is not None and r >= 0):
+            env = perf.read_environ(self.worker_pids[rank])
+            if env is not None:
+                source = "/proc/%s/environ of sglang::scheduler_TP%d" % (self.worker_pids[rank], rank)
+                break
+        if env is None:
+            # setproctitle overwrote the workers' environ (no SPT_NOENV): they inherited this process's
+            env = dict(os.environ)
+            source = "the server's environment (the workers' /proc/<pid>/environ is overwritten: SPT_NOENV unset)"
+        import tempfile
+        state_dirs = [gpusim.find_host_dir(), os.environ.get(PERF_DIR_ENV),
+                      os.path.join(tempfile.gettempdir(), "gpufleet-standin-perf-%d" % os.getuid())]
+        speed = perf.start_speed(env, vars(self.args), f, state_dirs)
+        nccl = ", ".join("%s=%s" % (k, env[k]) for k in sorted(env) if k.startswith("NCCL_")) or "none"
+        log("lab stand-in decode speed: row %s, base %.2f tok/s, factor %.4f (perf_seed %s, start %d, noise +-%g), "
+            "effective %.2f tok/s per stream; NCCL values from %s: %s" % (
+                speed["row"], speed["base"], speed["factor"], speed["seed"], speed["start"], speed["noise"],
+                speed["effective"], source, nccl))
+        return speed
 
-    def generate_stream(self, body, write):
-        """``"stream": true``: like SGLang, one SSE event per decoded chunk, ``data: {text (cumulative),
-        meta_info}``, then ``data: [DONE]``; ``write(bytes)`` sends one chunk (raises OSError when the client
-        is gone, which ends the request)."""
-        n, prompt_tokens, tps = self._request(body)
-        t0 = time.time()
-        step = max(1, n // 8)
-        self._enter()
-        try:
+    def decode(self, n, emit):
+        """Decode ``n`` tokens for one request, calling ``emit(done)`` as tokens come out; returns whether the
+        fixed ``tokens_per_s`` knob paced it. With the knob (read per request, existing tests): ``n / tps``
+        seconds in eight chunks. Without: this start's speed (self.speed), one token at a time, each stream at
+        perf.per_stream_tok_s of the requests in flight; time overslept is credited (several tokens per emit), so
+        the rate holds on a busy machine."""
+        fixed = faults().get("tokens_per_s")
+        if fixed is not None:
+            tps = float(fixed)
+            step = max(1, n // 8)
             done = 0
             while done < n:
                 k = min(step, n - done)
                 time.sleep(k / tps if tps > 0 else 0)
                 done += k
+                emit(done)
+            return True
+        base = self.speed["effective"] if self.speed else perf.NCCL_NONE_TOK_S
+        done, credit, last = 0, 0.0, time.monotonic()
+        while done < n:
+            time.sleep(max(0.0, (1.0 - credit) / perf.per_stream_tok_s(base, self.inflight)))
+            now = time.monotonic()
+            credit += (now - last) * perf.per_stream_tok_s(base, self.inflight)
+            last = now
+            k = min(n - done, int(credit))
+            if k:
+                credit -= k
+                done += k
+                emit(done)
+        return False
+
+    def generate(self, body):
+        n, prompt_tokens = self._request(body)
+        t0 = time.time()
+        self._enter()
+        try:
+            fixed = faults().get("tokens_per_s")
+            if fixed is not None:  # the knob's one sleep, as before the speed model
+                time.sleep(n / float(fixed) if float(fixed) > 0 else 0)
+            else:
+                self.decode(n, lambda done: None)
+        finally:
+            self._leave()
+        return {"text": " ".join(["lab"] * n), "meta_info": self._meta(t0, prompt_tokens, n, True)}
+
+    def generate_stream(self, body, write):
+        """``"stream": true``: like SGLang, one SSE event per decoded token (or chunk), ``data: {text
+        (cumulative), meta_info}``, then ``data: [DONE]``; ``write(bytes)`` sends one chunk (raises OSError when
+        the client is gone, which ends the request)."""
+        n, prompt_tokens = self._request(body)
+        t0 = time.time()
+        self._enter()
+        try:
+            def emit(done):
                 event = {"text": " ".join(["lab"] * done), "meta_info": self._meta(t0, prompt_tokens, done, done >= n)}
                 write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            self.decode(n, emit)
             write(b"data: [DONE]\n\n")
         finally:
             self._leave()
@@ -672,6 +741,9 @@ class Server:
                     return self._stream(body)
                 if path == "/generate":
                     return self._send(200, server.generate(body))
+                if path == "/flush_cache":
+                    # sglang.benchmark.serving --flush-cache (or SGLANG_IS_IN_CI) posts it after the warm-up
+                    return self._send(200, {"message": "Cache flushed."})
                 self._send(404, {"detail": "Not Found"})
 
         return Handler
@@ -696,6 +768,7 @@ class Server:
         except OSError:
             pass
         self.spawn_workers(f)
+        self.speed = self.start_speed(f)
         log("Load weight begin. (lab stand-in; sglang %s from %s)" % (self.version, self.pkg_dir))
         time.sleep(float(f.get("slow_load_s", DEFAULT_LOAD_S)))
         if f.get("crash_on_start"):

@@ -1,0 +1,1 @@
+../plugins/modules/gpufleet_launch_history.py

@@ -1,0 +1,1 @@
+../plugins/modules/sglang_bench_serving.py
