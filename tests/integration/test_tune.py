@@ -80,8 +80,9 @@ def test_real_bench_serving_measures_the_standin_and_refuses_without_the_key(ben
         refused = lab.run_module("gpufleet.fleet.sglang_bench_serving", args, hosts=host)
         res = _result(lab, refused, host)
         assert res.get("failed"), res
-        # without the key SGLang answers 401: /model_info gives no tokenizer, and the client stops at its warm-up
-        assert "sglang.benchmark.serving against %s" % url in res["msg"], res["msg"]
+        # SGLang answers 401 without the key: the module says so before the client would poll /v1/models for 60 s
+        assert res["msg"] == ("the server at %s refused the benchmark (HTTP 401): it was started with --api-key; "
+                              "pass the same key as api_key" % url), res["msg"]
         assert lab.wait_http(host, timeout_s=10) == 200 and pid in _ps(lab, host)  # the server serves on
 
         t0 = time.time()
