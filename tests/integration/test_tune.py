@@ -52,10 +52,11 @@ def _stop_standin(lab, host, pid, timeout_s=30):
 
 
 def _result(lab, runner, host):
+    """The module's result on ``host``, with ``failed`` set from the event (runner_on_failed)."""
     for status in ("runner_on_ok", "runner_on_failed"):
         for data in lab.events(runner, status, "sglang_bench_serving"):
             if data["host"] == host:
-                return data["res"]
+                return dict(data["res"], failed=status == "runner_on_failed")
     with open(runner.stdout.name) as fh:
         raise AssertionError("no sglang_bench_serving result for %s:\n%s" % (host, fh.read()[-3000:]))
 
