@@ -101,9 +101,10 @@ def test_real_bench_serving_measures_the_standin_and_refuses_without_the_key(ben
         assert 0.8 * 1000 / TOKENS_PER_S <= res["median_itl_ms"] <= 3 * 1000 / TOKENS_PER_S, res
         assert res["tokenizer"] == hv["sglang_launch_args"]["model-path"]
         assert KEY not in json.dumps(res["cmd"]) and KEY not in json.dumps(res)
-        # nothing left on the host: no temp dir of the module, the server still serving
-        leftovers = lab.exec(host, ["sh", "-c", "ls -d /tmp/gpufleet-bench-* 2>/dev/null || true"]).stdout
-        assert leftovers.strip() == ""
+        # nothing left on the host: the private dir of the client's result file is gone, the server still serves
+        workdir = os.path.dirname(res["cmd"][res["cmd"].index("--output-file") + 1])
+        assert os.path.basename(workdir).startswith("gpufleet-bench-")
+        assert lab.exec(host, ["test", "-e", workdir]).returncode == 1
         assert lab.wait_http(host, timeout_s=10) == 200
         print("module run with the real client: %.1f s, %.1f tok/s single stream at %.0f" % (
             took, res["output_tok_s"], TOKENS_PER_S))
