@@ -8,6 +8,7 @@ is stopped.
 """
 import json
 import os
+import secrets
 import time
 
 import pytest
@@ -439,3 +440,112 @@ def test_launch_failure_shows_log_tail_and_names_the_full_log(lab):
     finally:
         lab.clear_faults(host)
     ensure_serving(lab, [host])
+
+
+# -- launch history and profiles (issue 34) -------------------------------------------------------------------
+
+def history_path(lab, host):
+    return "%s/history.jsonl" % lab.host_vars(host)["sglang_state_dir"]
+
+
+def history_entries(lab, host):
+    res = lab.exec(host, ["cat", history_path(lab, host)])
+    return [json.loads(line) for line in res.stdout.splitlines() if line.strip()] if res.returncode == 0 else []
+
+
+def workers_read(lab, host, names):
+    """{name: value} the host's GPU workers carry for ``names`` (every worker must agree), read from /proc."""
+    values = {}
+    for env in worker_envs(lab, host).values():
+        for name in names:
+            values.setdefault(name, set()).add(env.get(name))
+    assert all(len(v) == 1 for v in values.values()), values
+    return {name: next(iter(v)) for name, v in values.items()}
+
+
+@pytest.mark.lab_only_once
+def test_a_restart_appends_one_history_entry_with_the_workers_nccl_values_and_no_api_key(lab):
+    host = lab.hosts[0]
+    ensure_serving(lab, [host])
+    before = history_entries(lab, host)
+    key = "sk-history-" + secrets.token_hex(12)
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, sglang_api_key=key), limit=host)
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+        after = history_entries(lab, host)
+        assert len(after) == len(before) + 1 and after[:-1] == before
+        entry = after[-1]
+        nccl = {k: str(v) for k, v in lab.group_vars["sglang_nccl_env"].items()}
+        # The values read from the workers, as they are now: the entry says what ran, not what was meant.
+        assert entry["nccl_env"] == workers_read(lab, host, list(nccl)) == nccl, entry["nccl_env"]
+        assert entry["nccl_workers"] == lab.host_vars(host)["sglang_launch_args"]["tp-size"]
+        assert entry["playbook"] == "restart" and entry["candidate"] is None and entry["host"] == host
+        assert entry["run_id"] and entry["time"].endswith("Z") and entry["sglang_version"] == "0.5.23"
+        assert entry["model_path"] == lab.host_vars(host)["sglang_launch_args"]["model-path"]
+        assert entry["api_key_set"] is True and "--api-key" not in entry["argv"]
+        assert entry["env"]["NCCL_PROTO"] == nccl["NCCL_PROTO"]
+        text = lab.exec(host, ["cat", history_path(lab, host)], check=True).stdout
+        assert key not in text
+        assert lab.exec(host, ["stat", "-c", "%a", history_path(lab, host)], check=True).stdout.strip() == "600"
+        # playbooks/history.yml shows it (the table) and publishes it (set_stats gpufleet_history).
+        shown = lab.run_playbook("playbooks/history.yml", extravars={"target": host, "gpufleet_history_last": 2})
+        assert shown.status == "successful", stdout_of(shown)[-3000:]
+        [stats] = [e["event_data"].get("artifact_data") for e in shown.events if e["event"] == "playbook_on_stats"]
+        published = stats["gpufleet_history"][host]
+        assert len(published) == min(2, len(after)) and published[-1]["run_id"] == entry["run_id"]
+        assert "PROTO=%s" % nccl["NCCL_PROTO"] in stdout_of(shown) and entry["run_id"] in stdout_of(shown)
+    finally:
+        restore = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert restore.status == "successful", stdout_of(restore)[-3000:]
+
+
+PROFILE = {"name": "lab-fast", "sglang_nccl_env": {"NCCL_NTHREADS": "256", "NCCL_ALGO": None},
+           "sglang_launch_args": {"speculative-num-steps": 2, "speculative-num-draft-tokens": 3},
+           "source": {"canary": "gpu-lab-01", "run_id": "test"}}
+
+
+@pytest.mark.lab_only_once
+def test_restart_with_a_profile_gives_the_workers_the_profiles_values(lab, tmp_path):
+    import yaml
+    host = lab.hosts[1]
+    ensure_serving(lab, [host])
+    (tmp_path / "lab-fast.yml").write_text(yaml.safe_dump(PROFILE))
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, gpufleet_profile="lab-fast",
+                                                           gpufleet_profile_dir=str(tmp_path)), limit=host)
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+        # The host's own values with the profile's on top: NCCL_NTHREADS changed, NCCL_ALGO gone, the rest kept.
+        own = {k: str(v) for k, v in lab.group_vars["sglang_nccl_env"].items()}
+        read = workers_read(lab, host, list(own))
+        assert read["NCCL_NTHREADS"] == "256" and read["NCCL_ALGO"] is None
+        assert read["NCCL_PROTO"] == own["NCCL_PROTO"] and read["NCCL_BUFFSIZE"] == own["NCCL_BUFFSIZE"]
+        argv = " ".join(lab.exec(host, ["cat", "/proc/%d/cmdline" % server_pid(lab, host)], check=True)
+                        .stdout.split("\0"))
+        assert "--speculative-num-steps 2" in argv and "--speculative-num-draft-tokens 3" in argv, argv
+        assert lab.host_vars(host)["sglang_launch_args"]["model-path"] in argv
+        entry = history_entries(lab, host)[-1]
+        assert entry["profile"] == "lab-fast" and entry["nccl_env"]["NCCL_NTHREADS"] == "256"
+        assert "NCCL_ALGO" not in entry["nccl_env"]
+    finally:
+        restore = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        assert restore.status == "successful", stdout_of(restore)[-3000:]
+
+
+@pytest.mark.lab_only_once
+def test_a_missing_or_malformed_profile_stops_the_run_before_any_host_is_touched(lab, tmp_path):
+    hosts = lab.hosts[:2]
+    before = ensure_serving(lab, hosts)
+    (tmp_path / "broken.yml").write_text("name: broken\nsglang_nccl_env: [NCCL_PROTO\n")
+    (tmp_path / "odd.yml").write_text("name: odd\nsglang_launch_args: {port: 1}\n")
+    for name, words in (("nosuch", "no such file"), ("broken", "broken.yml cannot be read"),
+                        ("odd", "sglang_launch_args.port belongs to the host")):
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, gpufleet_profile=name,
+                                                           gpufleet_profile_dir=str(tmp_path)),
+                                  limit=",".join(hosts))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-3000:]
+        assert words in out and "nothing was changed on any host" in out and str(tmp_path) in out, out[-3000:]
+        # Nothing ran on a host: no preflight read, no stop; the same servers serve.
+        assert not lab.events(runner, "runner_on_ok", "sglang_preflight_info") and not real_stops(lab, runner)
+        assert {h: server_pid(lab, h) for h in hosts} == before
+        assert all(alive(lab, h, before[h]) for h in hosts)
