@@ -20,6 +20,7 @@ candidate.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -197,8 +198,8 @@ def _williams(size):
 
 
 def schedule(names, repeats):
-    """The rounds of a tune run: ``[{"round": 1.., "repeat": 1.., "name": name}]``, ``len(names) * repeats`` of
-    them; repeat r visits every name once.
+    """The rounds of a tune run: ``[{"round": 1.., "repeat": 1.., "repeats": repeats, "name": name}]``,
+    ``len(names) * repeats`` of them; repeat r visits every name once.
 
     The order of repeat r is row r of a Williams design over ``names`` (a rotation of 0, 1, n-1, 2, n-2, ...):
     within ``len(names)`` repeats every name runs in a different position each time (then the rows start over),
@@ -217,6 +218,245 @@ def schedule(names, repeats):
     rounds = []
     for repeat in range(repeats):
         for symbol in first:
-            rounds.append({"round": len(rounds) + 1, "repeat": repeat + 1,
+            rounds.append({"round": len(rounds) + 1, "repeat": repeat + 1, "repeats": repeats,
                            "name": names[(repeat + symbol) % size]})
     return rounds
+
+
+# --- figures -----------------------------------------------------------------------------------------------------
+
+def _figure(value):
+    """A measured figure as a float rounded to 2 decimals (what the report and the table show), or None when
+    ``value`` is not a finite number."""
+    if isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return round(value, 2) if math.isfinite(value) else None
+
+
+def summarize(values):
+    """``{"median", "min", "max", "runs"}`` of the measured ``values`` (numbers; None entries are left out),
+    rounded to 2 decimals; the median of an even count is the mean of the middle two. With no values every field
+    is None and ``runs`` is []."""
+    runs = [figure for figure in (_figure(v) for v in (values or []) if v is not None) if figure is not None]
+    if not runs:
+        return {"median": None, "min": None, "max": None, "runs": []}
+    ordered = sorted(runs)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
+    return {"median": round(median, 2), "min": ordered[0], "max": ordered[-1], "runs": runs}
+
+
+def _spread(summary):
+    return round(summary["max"] - summary["min"], 2)
+
+
+def _bench_problem(what, result):
+    """Why a sglang_bench_serving result cannot count, or None."""
+    if not isinstance(result, Mapping):
+        return "no %s measurement" % what
+    if result.get("failed"):
+        return "%s benchmark failed: %s" % (what, result.get("msg") or "no message")
+    if _figure(result.get("output_tok_s")) is None or _figure(result.get("output_tok_s")) <= 0:
+        return "%s benchmark gave no output tok/s" % what
+    completed, prompts = result.get("completed"), result.get("num_prompts")
+    if isinstance(completed, int) and isinstance(prompts, int) and completed < prompts:
+        return "%s benchmark: only %d of %d requests completed" % (what, completed, prompts)
+    return None
+
+
+def round_result(name, repeat, single, throughput, failure):
+    """One round's record: ``{"name", "repeat", "ok", "note", "single_stream_tok_s", "throughput_tok_s",
+    "ttft_ms", "itl_ms", "concurrency"}`` from the two sglang_bench_serving results of the round (``single``: max
+    concurrency 1; ``throughput``: at gpufleet_tune_concurrency) and ``failure`` (why the round's restart or
+    measurement failed, None when it did not).
+
+    The figures are ``output_tok_s`` of each run and ``median_ttft_ms`` / ``median_itl_ms`` of the single-stream
+    run, rounded to 2 decimals. The round is ok only when nothing failed and both runs completed every request
+    with an output rate; otherwise ``note`` says why and the figures that were measured are kept (shown, never
+    judged)."""
+    problems = []
+    if failure:
+        problems.append(str(failure))
+    else:
+        problems.extend(filter(None, (_bench_problem("single-stream", single),
+                                      _bench_problem("throughput", throughput))))
+    single = single if isinstance(single, Mapping) and not single.get("failed") else {}
+    throughput = throughput if isinstance(throughput, Mapping) and not throughput.get("failed") else {}
+    record = {
+        "name": name,
+        "repeat": repeat,
+        "ok": not problems,
+        "note": "; ".join(problems),
+        "single_stream_tok_s": _figure(single.get("output_tok_s")),
+        "throughput_tok_s": _figure(throughput.get("output_tok_s")),
+        "ttft_ms": _figure(single.get("median_ttft_ms")),
+        "itl_ms": _figure(single.get("median_itl_ms")),
+        "concurrency": throughput.get("max_concurrency"),
+    }
+    if record["ok"] and (record["ttft_ms"] is None or record["itl_ms"] is None):
+        record["ok"] = False
+        record["note"] = "single-stream benchmark gave no TTFT/ITL medians"
+    return record
+
+
+# --- the decision and the report ---------------------------------------------------------------------------------
+
+_UNITS = {"single_stream_tok_s": "tok/s", "throughput_tok_s": "tok/s", "ttft_ms": "ms", "itl_ms": "ms"}
+_HEADERS = {"single_stream_tok_s": "single tok/s", "throughput_tok_s": "throughput tok/s", "ttft_ms": "TTFT ms",
+            "itl_ms": "ITL ms"}
+
+
+def _num(value):
+    """A figure as the report holds it (2 decimals at most), with at least one decimal: 93.1, 612.0, 10.73."""
+    if value is None:
+        return "-"
+    text = "%.2f" % value
+    return text[:-1] if text.endswith("0") else text
+
+
+def _entry_note(records, repeats, user_note):
+    """(ok, note) of one entry from its round records: ok when every repeat of the run measured and none failed."""
+    if not records:
+        return False, "not measured"
+    failed = [r for r in records if not r.get("ok")]
+    notes = ["repeat %s failed: %s" % (r.get("repeat"), r.get("note") or "no reason given") for r in failed]
+    done = len({r.get("repeat") for r in records})
+    if done < repeats:
+        notes.append("measured in %d of %d repeats" % (done, repeats))
+    ok = not failed and done >= repeats
+    if ok and user_note:
+        notes.append(str(user_note))
+    return ok, "; ".join(notes)
+
+
+def _decide(entries, metric):
+    """(winner name, reason) by the rule of :func:`report`."""
+    direction = METRICS[metric]
+    unit = _UNITS[metric]
+    base = entries[0]
+    others = entries[1:]
+    unjudged = [e["name"] for e in others if not e["ok"]]
+    tail = ("; not judged (a round failed or did not run): %s" % ", ".join(unjudged)) if unjudged else ""
+    if not base["ok"] or base[metric]["median"] is None:
+        return BASELINE, ("the baseline did not measure in every round (%s): no honest judgement was possible, "
+                          "the canary stays on its baseline%s" % (base["note"] or "no figures", tail))
+    judged = [e for e in others if e["ok"] and e[metric]["median"] is not None]
+    if not judged:
+        return BASELINE, "no candidate measured in every round: the baseline stays" + tail
+    sign = 1 if direction == "higher" else -1
+    best = judged[0]
+    for entry in judged[1:]:
+        if sign * entry[metric]["median"] > sign * best[metric]["median"]:
+            best = entry
+    gain = round(sign * (best[metric]["median"] - base[metric]["median"]), 2)
+    spread = max(_spread(best[metric]), _spread(base[metric]))
+    spread_of = "the baseline's" if _spread(base[metric]) >= _spread(best[metric]) else "%s's" % best["name"]
+    if direction == "higher":
+        gain_text = "%s%s %s" % ("-" if gain < 0 else "+", _num(abs(gain)), unit)
+    else:
+        gain_text = "%s %s %s" % (_num(abs(gain)), unit, "worse" if gain < 0 else "better")
+    figures = "%s %s %s vs baseline %s (%s medians%s)" % (
+        best["name"], _num(best[metric]["median"]), unit, _num(base[metric]["median"]), metric,
+        ", lower is better" if direction == "lower" else "")
+    if gain > spread:
+        return best["name"], "%s: %s > spread %s (%s max - min)%s" % (
+            figures, gain_text, _num(spread), spread_of, tail)
+    return BASELINE, "best %s: %s is not more than the spread %s (%s max - min): the baseline stays%s" % (
+        figures, gain_text, _num(spread), spread_of, tail)
+
+
+def report(rounds, candidates, baseline_values, metric):
+    """The tune run's report: ``{"baseline": "baseline", "winner": name, "metric": metric, "reason": str,
+    "candidates": [entry, ...]}``, the baseline's entry first, then the candidates in their given order.
+
+    ``rounds``: the :func:`round_result` records of the run; ``candidates``: ``gpufleet_tune_candidates``;
+    ``baseline_values``: ``{"sglang_nccl_env", "sglang_launch_args"}``, the canary's own; ``metric``: a key of
+    :data:`METRICS`. An entry: ``{"name", "sglang_nccl_env", "sglang_launch_args"`` (a candidate's overrides, nulls
+    kept: they remove a value; the baseline's: the canary's own values), one :func:`summarize` per metric over the
+    rounds that measured, ``"ok"`` (every repeat of the run measured, none failed), ``"note"`` (why not ok, else the
+    candidate's own note)``}``.
+
+    The decision: best = the ok candidate (baseline excluded) with the best median of ``metric`` (higher is better
+    for *_tok_s, lower for *_ms; a tie goes to the first in the list); the winner is best only when its gain over
+    the baseline's median is MORE than the larger of the two spreads (max - min over the runs), else the baseline.
+    When the baseline itself did not measure in every round the winner is the baseline: there is nothing honest
+    to compare with. ``reason`` says in words and figures why.
+    """
+    if metric not in METRICS:
+        raise ValueError("gpufleet_tune_metric must be one of %s, got %r" % (", ".join(METRICS), metric))
+    rounds = [r for r in (rounds or []) if isinstance(r, Mapping)]
+    repeats = max([r.get("repeat") for r in rounds if isinstance(r.get("repeat"), int)] or [0])
+    baseline_values = baseline_values or {}
+    sources = [(BASELINE, baseline_values.get("sglang_nccl_env"), baseline_values.get("sglang_launch_args"), None)]
+    sources.extend((c.get("name"), c.get("sglang_nccl_env"), c.get("sglang_launch_args"), c.get("note"))
+                   for c in (candidates or []))
+    entries = []
+    for name, env, args, user_note in sources:
+        records = [r for r in rounds if r.get("name") == name]
+        ok, note = _entry_note(records, repeats, user_note)
+        entry = {"name": name, "sglang_nccl_env": dict(env or {}), "sglang_launch_args": dict(args or {})}
+        for key in METRICS:
+            entry[key] = summarize([r.get(key) for r in records if r.get("ok")] or
+                                   [r.get(key) for r in records])
+        entry["ok"] = ok
+        entry["note"] = note
+        entries.append(entry)
+    winner, reason = _decide(entries, metric)
+    return {"baseline": BASELINE, "winner": winner, "metric": metric, "reason": reason, "candidates": entries}
+
+
+def _cell(summary):
+    if not summary or summary.get("median") is None:
+        return "-"
+    if summary["min"] == summary["max"]:
+        return _num(summary["median"])
+    return "%s (%s-%s)" % (_num(summary["median"]), _num(summary["min"]), _num(summary["max"]))
+
+
+def table(result):
+    """The end-of-run table of :func:`report`'s ``result``: a head line (metric, winner, reason), then one row per
+    entry in the report's order: the role (``winner``, ``baseline``, ``winner, baseline`` when the baseline
+    stays), the name, each metric as ``median (min-max)`` (the report's numbers), ok, and the note."""
+    winner = result.get("winner")
+    head = "tune: the winner on %s is %s\nwhy: %s" % (result.get("metric"), winner, result.get("reason", ""))
+    columns = ["", "candidate"] + [_HEADERS[m] for m in METRICS] + ["ok", "note"]
+    rows = []
+    for entry in result.get("candidates") or []:
+        name = entry.get("name")
+        role = ", ".join(word for word, mine in (("winner", name == winner),
+                                                 ("baseline", name == result.get("baseline"))) if mine)
+        rows.append([role, str(name)] + [_cell(entry.get(m)) for m in METRICS]
+                    + ["yes" if entry.get("ok") else "NO", entry.get("note") or ""])
+    widths = [max(len(row[i]) for row in [columns] + rows) for i in range(len(columns))]
+    lines = head.split("\n")
+    for row in [columns] + rows:
+        cells = [row[i].rjust(widths[i]) if 2 <= i < 2 + len(METRICS) else row[i].ljust(widths[i])
+                 for i in range(len(columns))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def progress_line(round, total, result):  # pylint: disable=redefined-builtin
+    """One line per measured round, e.g. ``round 4/15 cand-a (repeat 2/3): 93.4 tok/s single stream, 612.0 tok/s
+    at 8, TTFT 41 ms, ITL 10.7 ms``; a failed round says ``FAILED: <note>``. ``round``: a :func:`schedule` entry
+    (its ``repeats``, when there, gives the /3), ``total``: the number of rounds, ``result``: the
+    :func:`round_result` record."""
+    repeats = round.get("repeats")
+    where = "round %s/%s %s (repeat %s%s)" % (
+        round.get("round"), total, round.get("name"), round.get("repeat"), "/%s" % repeats if repeats else "")
+    result = result or {}
+    if not result.get("ok"):
+        return "%s: FAILED: %s" % (where, result.get("note") or "no measurement")
+
+    def fmt(key, pattern):
+        value = result.get(key)
+        return pattern % value if value is not None else "-"
+
+    at = " at %s" % result["concurrency"] if result.get("concurrency") is not None else ""
+    return "%s: %s tok/s single stream, %s tok/s%s, TTFT %s ms, ITL %s ms" % (
+        where, fmt("single_stream_tok_s", "%.1f"), fmt("throughput_tok_s", "%.1f"), at, fmt("ttft_ms", "%.0f"),
+        fmt("itl_ms", "%.1f"))
