@@ -193,4 +193,3 @@ def tokenizer_from_model_info(info):
     if not isinstance(info, dict):
         return None
     return info.get("tokenizer_path") or info.get("model_path") or None
-

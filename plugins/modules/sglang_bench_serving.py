@@ -205,7 +205,7 @@ def locate_client(python, env, timeout_s=60):
     sglang."""
     try:
         proc = subprocess.run([python, "-c", bench.LOCATE_CODE], env=env, capture_output=True, text=True,
-                              timeout=timeout_s)
+                              timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, "could not run %s: %s" % (python, exc)
     if proc.returncode != 0:
@@ -249,7 +249,7 @@ def run_client(argv, env, timeout_s):
     """(rc, output): the client's exit status (None when stopped at the timeout) and its output."""
     try:
         proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL)
+                              errors="replace", timeout=timeout_s, stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode("utf-8", "replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         return None, out
@@ -262,7 +262,7 @@ def main():
             python=dict(type="path", required=True),
             url=dict(type="str", required=True),
             api_key=dict(type="str", no_log=True),
-            tokenizer=dict(type="str"),
+            tokenizer=dict(type="str", no_log=False),
             num_prompts=dict(type="int", default=8),
             max_concurrency=dict(type="int", default=1),
             input_len=dict(type="int", default=128),

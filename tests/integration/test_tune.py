@@ -62,10 +62,11 @@ def _stop_standin(lab, host, pid, timeout_s=30):
 
 
 def _result(lab, runner, host):
+    """The module's result on ``host``, with ``failed`` set from the event (runner_on_failed)."""
     for status in ("runner_on_ok", "runner_on_failed"):
         for data in lab.events(runner, status, "sglang_bench_serving"):
             if data["host"] == host:
-                return data["res"]
+                return dict(data["res"], failed=status == "runner_on_failed")
     with open(runner.stdout.name) as fh:
         raise AssertionError("no sglang_bench_serving result for %s:\n%s" % (host, fh.read()[-3000:]))
 
@@ -90,8 +91,9 @@ def test_real_bench_serving_measures_the_standin_and_refuses_without_the_key(ben
         refused = lab.run_module("gpufleet.fleet.sglang_bench_serving", args, hosts=host)
         res = _result(lab, refused, host)
         assert res.get("failed"), res
-        # without the key SGLang answers 401: /model_info gives no tokenizer, and the client stops at its warm-up
-        assert "sglang.benchmark.serving against %s" % url in res["msg"], res["msg"]
+        # SGLang answers 401 without the key: the module says so before the client would poll /v1/models for 60 s
+        assert res["msg"] == ("the server at %s refused the benchmark (HTTP 401): it was started with --api-key; "
+                              "pass the same key as api_key" % url), res["msg"]
         assert lab.wait_http(host, timeout_s=10) == 200 and pid in _ps(lab, host)  # the server serves on
 
         t0 = time.time()
@@ -109,9 +111,10 @@ def test_real_bench_serving_measures_the_standin_and_refuses_without_the_key(ben
         assert 0.8 * 1000 / TOKENS_PER_S <= res["median_itl_ms"] <= 3 * 1000 / TOKENS_PER_S, res
         assert res["tokenizer"] == hv["sglang_launch_args"]["model-path"]
         assert KEY not in json.dumps(res["cmd"]) and KEY not in json.dumps(res)
-        # nothing left on the host: no temp dir of the module, the server still serving
-        leftovers = lab.exec(host, ["sh", "-c", "ls -d /tmp/gpufleet-bench-* 2>/dev/null || true"]).stdout
-        assert leftovers.strip() == ""
+        # nothing left on the host: the private dir of the client's result file is gone, the server still serves
+        workdir = os.path.dirname(res["cmd"][res["cmd"].index("--output-file") + 1])
+        assert os.path.basename(workdir).startswith("gpufleet-bench-")
+        assert lab.exec(host, ["test", "-e", workdir]).returncode == 1
         assert lab.wait_http(host, timeout_s=10) == 200
         print("module run with the real client: %.1f s, %.1f tok/s single stream at %.0f" % (
             took, res["output_tok_s"], TOKENS_PER_S))

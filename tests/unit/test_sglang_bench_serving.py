@@ -19,8 +19,9 @@ mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
 
 KEY = "sk-gpufleet-bench-7d41aa"
-# One line of `python -m sglang.benchmark.serving --output-file F` (SGLang 0.5.23), recorded in the lab against
-# the stand-in (tests/integration/test_tune.py); server_info trimmed to a few keys, with the key the server logs.
+# One line of `python -m sglang.benchmark.serving --output-file F --output-details` (SGLang 0.5.23, random-ids, 4
+# prompts 32/64 tokens, concurrency 1), recorded in the lab against the stand-in at tokens_per_s 400 started with
+# --api-key sk-rec-1; server_info (the server's /server_info, api_key included) trimmed to a few keys.
 RECORDED = ROOT / "tests" / "unit" / "data" / "bench_serving_0.5.23.jsonl"
 
 
@@ -77,6 +78,7 @@ def test_summarize_reads_the_real_key_names():
     assert got["duration_s"] == round(line["duration"], 3)
     assert got["completed"] == line["completed"] and got["max_concurrency"] == line["max_concurrency"]
     assert bench.failure(0, "", line, line["completed"], "http://h", bench.NEW_MODULE) is None
+    assert line["server_info"]["api_key"] == "sk-rec-1" and "sk-rec-1" not in json.dumps(got)  # never returned
 
 
 def test_read_result_takes_the_last_line_and_survives_junk(tmp_path):
