@@ -29,6 +29,9 @@ description:
     stopped; the new server started but not verified and not recorded; ...) and the restart lock it left. Should
     ansible-core's cleanup block (a worker killed while it held the result queue's lock), the summary is printed 30 s
     after the signal, the workers are told to end and the process exits all the same."
+  - "History: for playbooks/history.yml (it publishes C(gpufleet_history) with C(set_stats)) prints the launch
+    history of every host as one table (time, host, run id, playbook, profile/candidate, release, NCCL values,
+    figures)."
   - "Check: for playbooks/check.yml (it publishes C(gpufleet_check) with C(set_stats)) prints the fleet table
     instead: host, verdict (OK|WARN|CRIT), GPUs ok/total, the first reasons (severity, code, GPU), and a count line."
   - "Progress: for a task retried with C(until)/C(retries) whose result carries a C(progress) string (the readiness
@@ -391,6 +394,7 @@ class CallbackModule(CallbackBase):
         self._failed = {}
         self._play_name = ""
         self._guard_failures = []
+        self._history = None  # history.yml's entries (set_stats gpufleet_history): printed as a table instead
         self._seen_restart = False
         self._human = None
         self._check = None
@@ -501,6 +505,9 @@ class CallbackModule(CallbackBase):
         if row:
             self._fact_rows[result.host.get_name()] = _plain(dict(row))
         stats = res.get("ansible_stats") or {}
+        history = (stats.get("data") or {}).get("gpufleet_history")
+        if isinstance(history, dict):  # aggregated host by host, as set_stats does
+            self._history = dict(self._history or {}, **_plain(dict(history)))
         check = (stats.get("data") or {}).get("gpufleet_check")
         if isinstance(check, dict):
             self._check = _plain(dict(check))
@@ -599,6 +606,13 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_stats(self, stats):
         self._stats_done = True
+        if self._history is not None:
+            # playbooks/history.yml: the launch history of every host as one table (plugin_utils/history.py)
+            from ansible_collections.gpufleet.fleet.plugins.plugin_utils import history
+            if self._prints() and _first_copy(self, "stats", stats):
+                self._display.banner("GPUFLEET HISTORY")
+                self._display.display(history.history_table(history.fleet_entries(self._history)))
+            return
         if self._check is not None:
             # one table even when the callback is both adjacent to the playbooks and enabled by name
             if self._prints() and _first_copy(self, "stats", stats):

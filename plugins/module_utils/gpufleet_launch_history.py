@@ -24,8 +24,9 @@ FILE_MODE = 0o600
 DEFAULT_MAX_ENTRIES = 200
 MAX_LINE_BYTES = 1 << 20
 REDACTED = "********"
-# A key naming a secret: api_key, --api-key, OPENAI_API_KEY, HF_TOKEN, password, client_secret, authorization.
-SECRET_KEY = re.compile(r"(?i)(api[_-]?key|token|passw(or)?d|secret|authorization|credential)")
+# A key naming a secret: api_key, --api-key, OPENAI_API_KEY, HF_TOKEN, password, client_secret, authorization; as a
+# whole word between _ or - (tokens_per_s, a figure, names no secret).
+SECRET_KEY = re.compile(r"(?i)(^|[_-])(api[_-]?key|token|passw(or)?d|secret|authorization|credentials?)($|[_-])")
 # Values that say there is no secret (or hide it).
 HIDDEN = (None, "", REDACTED, True, False)
 

@@ -24,10 +24,10 @@ PHASE_OF_ROLE = {
     "sglang_preflight": "preflight", "sglang_stop": "stop", "gpu_memory_wait": "wait",
     "sglang_nccl_patch": "patch", "sglang_launch": "launch", "sglang_verify": "verify",
 }
-# Task files of sglang_launch that are no launch: the rollback is its own phase; the launch record (written after
-# verify) and the argv rendered in the stop phase for the stop to start the server (prepare, with the checks it
+# Task files of sglang_launch that are no launch: the rollback is its own phase; the launch record and the launch
+# history entry (written after verify) and the argv rendered in the stop phase for the stop to start the server (prepare, with the checks it
 # imports) belong to no phase of their own: the host stays in the phase it is in.
-_LAUNCH_FILE_PHASE = {"rollback": "rollback", "record": None, "prepare": None, "checks": None}
+_LAUNCH_FILE_PHASE = {"rollback": "rollback", "record": None, "history": None, "prepare": None, "checks": None}
 # playbooks/tasks/*.yml files with a phase of their own, or none (the release after verify: the host stays in
 # its phase). restart_phase.yml and restart_lock_renew.yml are the phase they are imported with (gpufleet_phase).
 _PLAYBOOK_FILE_PHASE = {"restart_lock_take": "lock", "restart_lock_release": None}

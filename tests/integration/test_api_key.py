@@ -97,6 +97,9 @@ def test_restart_with_api_key_never_shows_it_and_the_server_demands_it(lab):
         assert http_status(lab, host, "POST", "/generate", key="wrong-" + key) == 401
         assert http_status(lab, host, "POST", "/generate", key=key) == 200
         assert http_status(lab, host, "GET", "/health_generate") == 200
+        # The launch history (issue 34) says a key was set, never which.
+        history = lab.exec(host, ["cat", lab.host_vars(host)["sglang_state_dir"] + "/history.jsonl"], check=True).stdout
+        assert key not in history and json.loads(history.splitlines()[-1])["api_key_set"] is True
     finally:
         # Leave the host as the other tests expect it: a server without a key.
         restore = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
@@ -206,7 +209,8 @@ def test_the_key_is_in_no_artifact_report_or_state_file_only_in_the_0640_server_
         # On the host: only the server log (SGLang logs server_args with the key), owner and group only.
         log = state + "/sglang.log"
         assert host_files_holding(lab, host, state, key) == [log]
-        modes = {name: mode_of(lab, host, state + "/" + name) for name in ("sglang.log", "sglang.pid", "launch.json")}
+        modes = {name: mode_of(lab, host, state + "/" + name)
+                 for name in ("sglang.log", "sglang.pid", "launch.json", "history.jsonl")}
         assert all(mode & 0o027 == 0 for mode in modes.values()), {k: oct(v) for k, v in modes.items()}
     finally:
         restore = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)

@@ -73,6 +73,7 @@ def ensure_serving(lab, hosts=None):
 
 def test_restart_replaces_every_server_and_nccl_values_reach_every_worker(lab):
     before = ensure_serving(lab)
+    history_before = {h: history_entries(lab, h) for h in lab.hosts}
     runner = lab.run_playbook(PLAYBOOK, extravars=FAST)
     out = stdout_of(runner)
     assert runner.status == "successful", out[-4000:]
@@ -87,6 +88,14 @@ def test_restart_replaces_every_server_and_nccl_values_reach_every_worker(lab):
             assert {k: env.get(k) for k in expected} == expected, "%s %s" % (host, title)
         # lock released
         assert lab.exec(host, ["test", "-e", "%s/restart.lock" % lab.host_vars(host)["sglang_state_dir"]]).returncode == 1
+        # One more entry in the host's launch history, with the NCCL values read from the workers (issue 34).
+        history = history_entries(lab, host)
+        assert len(history) == len(history_before[host]) + 1 and history[:-1] == history_before[host], host
+        entry = history[-1]
+        assert entry["nccl_env"] == workers_read(lab, host, list(expected)) == expected, (host, entry["nccl_env"])
+        assert entry["playbook"] == "restart" and entry["host"] == host and entry["sglang_version"] == "0.5.23"
+        assert entry["nccl_workers"] == len(envs) and entry["api_key_set"] is False
+        assert entry["model_path"] == lab.host_vars(host)["sglang_launch_args"]["model-path"]
     # The process method's new server was started by the stop's own call (sglang_stop start_after), once GPU
     # memory was free, and the launch only waited for it: no start task ran.
     stops = {d["host"]: d["res"] for d in real_stops(lab, runner) if d["res"].get("done")}
@@ -439,3 +448,108 @@ def test_launch_failure_shows_log_tail_and_names_the_full_log(lab):
     finally:
         lab.clear_faults(host)
     ensure_serving(lab, [host])
+
+
+# -- launch history and profiles (issue 34) -------------------------------------------------------------------
+
+def history_path(lab, host):
+    return "%s/history.jsonl" % lab.host_vars(host)["sglang_state_dir"]
+
+
+def history_entries(lab, host):
+    res = lab.exec(host, ["cat", history_path(lab, host)])
+    return [json.loads(line) for line in res.stdout.splitlines() if line.strip()] if res.returncode == 0 else []
+
+
+def workers_read(lab, host, names):
+    """{name: value} the host's GPU workers carry for ``names`` (every worker must agree), read from /proc."""
+    values = {}
+    for env in worker_envs(lab, host).values():
+        for name in names:
+            values.setdefault(name, set()).add(env.get(name))
+    assert all(len(v) == 1 for v in values.values()), values
+    return {name: next(iter(v)) for name, v in values.items()}
+
+
+@pytest.mark.lab_only_once
+def test_the_history_playbook_shows_and_publishes_the_hosts_launches_and_the_file_is_0600(lab):
+    # Read-only: the entries the restarts before left (test_restart_replaces_every_server... asserts that each
+    # restart adds one with the workers' values; test_api_key that a keyed one holds no key).
+    host = lab.hosts[0]
+    ensure_serving(lab, [host])
+    entries = history_entries(lab, host)
+    assert entries, "a verified launch left no history entry"
+    assert lab.exec(host, ["stat", "-c", "%a", history_path(lab, host)], check=True).stdout.strip() == "600"
+    shown = lab.run_playbook("playbooks/history.yml", extravars={"target": host, "gpufleet_history_last": 2})
+    out = stdout_of(shown)
+    assert shown.status == "successful", out[-3000:]
+    [stats] = [e["event_data"].get("artifact_data") for e in shown.events if e["event"] == "playbook_on_stats"]
+    assert stats["gpufleet_history"][host] == entries[-2:]
+    # The gpufleet_summary callback prints them as one table, the NCCL values in short form.
+    table = out.split("GPUFLEET HISTORY", 1)[1]
+    row = next(line for line in table.splitlines() if entries[-1]["run_id"] in line)
+    assert host in row and "restart" in row and "PROTO=%s" % entries[-1]["nccl_env"]["NCCL_PROTO"] in row, row
+
+
+PROFILE = {"name": "lab-fast", "sglang_nccl_env": {"NCCL_NTHREADS": "256", "NCCL_ALGO": None},
+           "sglang_launch_args": {"speculative-num-steps": 2, "speculative-num-draft-tokens": 3},
+           "source": {"canary": "gpu-lab-01", "run_id": "test"}}
+
+
+@pytest.mark.lab_only_once
+def test_restart_with_a_profile_gives_the_workers_the_profiles_values(lab, tmp_path):
+    import yaml
+    host = lab.hosts[1]
+    ensure_serving(lab, [host])
+    (tmp_path / "lab-fast.yml").write_text(yaml.safe_dump(PROFILE))
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, gpufleet_profile="lab-fast",
+                                                           gpufleet_profile_dir=str(tmp_path)), limit=host)
+        assert runner.status == "successful", stdout_of(runner)[-4000:]
+        # The host's own values with the profile's on top: NCCL_NTHREADS changed, NCCL_ALGO gone, the rest kept.
+        own = {k: str(v) for k, v in lab.group_vars["sglang_nccl_env"].items()}
+        read = workers_read(lab, host, list(own))
+        assert read["NCCL_NTHREADS"] == "256" and read["NCCL_ALGO"] is None
+        assert read["NCCL_PROTO"] == own["NCCL_PROTO"] and read["NCCL_BUFFSIZE"] == own["NCCL_BUFFSIZE"]
+        argv = " ".join(lab.exec(host, ["cat", "/proc/%d/cmdline" % server_pid(lab, host)], check=True)
+                        .stdout.split("\0"))
+        assert "--speculative-num-steps 2" in argv and "--speculative-num-draft-tokens 3" in argv, argv
+        assert lab.host_vars(host)["sglang_launch_args"]["model-path"] in argv
+        entry = history_entries(lab, host)[-1]
+        assert entry["profile"] == "lab-fast" and entry["nccl_env"]["NCCL_NTHREADS"] == "256"
+        assert "NCCL_ALGO" not in entry["nccl_env"]
+    finally:
+        # The run back to the inventory's values, with a history that cannot be written (a directory in its
+        # place): bookkeeping never fails a verified launch, the run says why the entry is missing.
+        path = history_path(lab, host)
+        lab.exec(host, ["sh", "-c", "mv %s %s.keep && mkdir %s/" % (path, path, path)], check=True)
+        try:
+            profiled = server_pid(lab, host)
+            restore = lab.run_playbook(PLAYBOOK, extravars=FAST, limit=host)
+        finally:
+            lab.exec(host, ["sh", "-c", "rmdir %s && mv %s.keep %s" % (path, path, path)], check=True)
+        out = stdout_of(restore)
+        assert restore.status == "successful", out[-3000:]
+        assert "launch history not written, the launch itself is verified" in out, out[-3000:]
+        new = server_pid(lab, host)
+        assert new != profiled and alive(lab, host, new) and not alive(lab, host, profiled)
+        own = {k: str(v) for k, v in lab.group_vars["sglang_nccl_env"].items()}
+        assert workers_read(lab, host, list(own)) == own
+
+
+@pytest.mark.lab_only_once
+def test_a_missing_or_malformed_profile_stops_the_run_before_any_host_is_touched(lab, tmp_path):
+    hosts = lab.hosts[:2]
+    before = ensure_serving(lab, hosts)
+    (tmp_path / "broken.yml").write_text("name: broken\nsglang_nccl_env: [NCCL_PROTO\n")
+    for name, words in (("nosuch", "no such file"), ("broken", "broken.yml cannot be read")):
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, gpufleet_profile=name,
+                                                           gpufleet_profile_dir=str(tmp_path)),
+                                  limit=",".join(hosts))
+        out = stdout_of(runner)
+        assert runner.status == "failed", out[-3000:]
+        assert words in out and "nothing was changed on any host" in out and str(tmp_path) in out, out[-3000:]
+        # Nothing ran on a host: no preflight read, no stop; the same servers serve.
+        assert not lab.events(runner, "runner_on_ok", "sglang_preflight_info") and not real_stops(lab, runner)
+        assert {h: server_pid(lab, h) for h in hosts} == before
+        assert all(alive(lab, h, before[h]) for h in hosts)

@@ -687,3 +687,16 @@ def test_the_tune_table_is_the_cores_or_a_fallback_with_the_same_numbers(monkeyp
     assert cli.command_table("tune", {"gpufleet_tune": report}, ROOT) == fallback
     monkeypatch.setattr(tune, "table", lambda r: "core table of " + r["winner"], raising=False)
     assert cli.command_table("tune", {"gpufleet_tune": report}, ROOT) == "core table of cand-a"
+
+
+def test_the_tune_table_printed_is_the_cores_own_for_the_published_report():
+    from gpufleet_cli import core
+    tune = core.load("tune", project=ROOT)
+    none = tune.summarize([])
+    report = {"baseline": "baseline", "winner": "cand-a", "metric": "single_stream_tok_s", "reason": "r",
+              "candidates": [dict(name=name, ok=True, note="", sglang_nccl_env={}, sglang_launch_args={},
+                                  single_stream_tok_s=tune.summarize(runs), throughput_tok_s=none, ttft_ms=none,
+                                  itl_ms=none)
+                             for name, runs in (("baseline", [82.0, 82.5, 83.0]), ("cand-a", [93.0, 94.0, 95.0]))]}
+    text = cli.command_table("tune", {"gpufleet_tune": report}, ROOT)
+    assert text == tune.table(report) and "94.0 (93.0-95.0)" in text and "cand-a" in text

@@ -89,6 +89,14 @@ def test_hidden_or_absent_secrets_pass():
     assert H.secret_keys(ok) == [] and H.check_entry(ok)
 
 
+def test_figures_and_names_that_only_contain_a_secret_word_are_no_secret():
+    # sglang_verify's throughput figure (a lab restart with the throughput smoke was refused on it once).
+    ok = entry(0, figures={"tokens_per_s": 93.5, "single_stream_tok_s": 94.0}, env={"TOKENIZERS_PARALLELISM": "false"})
+    assert H.secret_keys(ok) == []
+    assert H.secret_keys({"GITHUB_TOKEN": "g", "apiKey": "k", "db-password": "p", "--api-key": "k"}) == [
+        "entry.GITHUB_TOKEN", "entry.apiKey", "entry.db-password", "entry.--api-key"]
+
+
 def test_lines_that_are_not_json_objects_are_skipped_and_counted(tmp_path):
     path = tmp_path / "history.jsonl"
     path.write_text(json.dumps(entry(0)) + "\n{torn\n[1]\n\n" + json.dumps(entry(1)) + "\n")

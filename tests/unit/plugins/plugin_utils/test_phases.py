@@ -24,6 +24,9 @@ def test_the_restart_phases_come_in_the_order_a_host_goes_through_them():
     (dict(role="sglang_launch", entry_point="rollback"), "rollback"),
     # the launch record (after verify) and the argv rendered in the stop phase: the host stays in its phase
     (dict(role="sglang_launch", task_path="/x/roles/sglang_launch/tasks/record.yml:3", default="verify"), "verify"),
+    # the launch history entry (after the record; tune.yml calls entry point history after measuring): no launch
+    (dict(role="sglang_launch", task_path="/x/roles/sglang_launch/tasks/history.yml:7", default="verify"), "verify"),
+    (dict(role="sglang_launch", entry_point="history", default="verify"), "verify"),
     (dict(role="sglang_launch", task_path="/x/roles/sglang_launch/tasks/prepare.yml:3", default="stop"), "stop"),
     (dict(role="sglang_launch", task_path="/x/roles/sglang_launch/tasks/checks.yml:8"), None),
     (dict(role="sglang_launch", entry_point="prepare", default="stop"), "stop"),
