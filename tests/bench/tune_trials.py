@@ -5,7 +5,8 @@
                    [--parallel N] [--lab-dir DIR | --reuse-lab DIR] [--out FILE] [-e KEY=VALUE ...]
 
 Brings up a lab (tests/lab/lab.py up, ``--parallel`` hosts; ``--reuse-lab`` uses a running one and leaves it up),
-starts every canary on its own values (restart.yml), then runs ``--trials`` trials. Trial i runs on canary
+gives the canaries SGLang's benchmark client (lab.py bench-deps), starts every canary on its own values
+(restart.yml), then runs ``--trials`` trials (measurement settings: DEFAULT_EXTRA, overridable with -e). Trial i runs on canary
 ``i % parallel`` (trials on one canary run in sequence), with the fault knobs ``perf_seed = seed-base + i`` and
 ``perf_noise``, the canary's start counter reset (``<host dir>/perf_starts``: the noise of each start is then a
 function of the trial's seed alone), and runs
@@ -40,6 +41,14 @@ import perf  # noqa: E402
 
 DEFAULT_CANDIDATES = os.path.join(HERE, "tune_candidates.yml")
 DEFAULT_OUT = os.path.join(HERE, "results", "tune_trials.json")
+# Before the user's -e (a later -e wins): the lab restarts faster (as the lab tests do), the benchmark client
+# reads the lab tokenizer offline (no network in the lab), and measurements short enough for 150 rounds.
+DEFAULT_EXTRA = [
+    json.dumps({"sglang_stop_grace_s": 10, "sglang_launch_ready_slice_s": 5,
+                "gpufleet_tune_bench_env": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+                "gpufleet_tune_num_prompts": 8, "gpufleet_tune_input_len": 32, "gpufleet_tune_output_len": 64,
+                "gpufleet_tune_concurrency": 8, "gpufleet_tune_warmup_requests": 1}),
+]
 SPEED_LINE = re.compile(r"lab stand-in decode speed: row (\S+), base ([0-9.]+) tok/s, factor ([0-9.]+)")
 
 
@@ -180,7 +189,7 @@ def run_trial(lab, host, index, args, speeds, work):
     extra = ["target=%s" % host, "@%s" % os.path.abspath(args.candidates), "gpufleet_tune_report=%s" % report_path,
              "gpufleet_tune_repeats=%d" % args.repeats, "gpufleet_tune_profile=tune-trial%02d" % index,
              "gpufleet_profile_dir=%s" % os.path.join(work, "profiles"), "gpufleet_profile_overwrite=true"]
-    extra += args.extra
+    extra = DEFAULT_EXTRA + extra + args.extra
     rc, wall, argv = playbook(lab, "tune.yml", extra, log_path)
     try:
         with open(report_path) as fh:
@@ -246,11 +255,14 @@ def main(argv=None):
     try:
         lab = Lab(lab_dir)
         canaries = lab.hosts[:args.parallel]
+        # SGLang's benchmark client on the canaries: its dependencies and the lab tokenizer (tests/lab/bench_deps.py)
+        for host in canaries:
+            subprocess.run([sys.executable, LAB_PY, "bench-deps", "--lab-dir", lab_dir, host], check=True)
         first = lab.vars(canaries[0])
         candidates = load_yaml(args.candidates)["gpufleet_tune_candidates"]
         speeds = expected_speeds(candidates, first.get("sglang_nccl_env"), first.get("sglang_launch_args"))
         # Every canary serving its own values before the first trial (tune.yml tunes a serving host).
-        rc, wall, _ = playbook(lab, "restart.yml", ["target=%s" % ",".join(canaries)],
+        rc, wall, _ = playbook(lab, "restart.yml", DEFAULT_EXTRA[:1] + ["target=%s" % ",".join(canaries)],
                                os.path.join(work, "restart-start.log"))
         if rc != 0:
             print("restart.yml on %s failed (rc %d, %.0f s): see %s" % (", ".join(canaries), rc, wall,
@@ -274,7 +286,7 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     doc = {"summary": summary, "table": {n: {"row": r, "tok_s": v} for n, (r, v) in speeds.items()},
            "candidates_file": os.path.relpath(os.path.abspath(args.candidates), ROOT),
-           "extra_vars": args.extra, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "extra_vars": DEFAULT_EXTRA + args.extra, "when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "work_dir": work, "trials": trials}
     with open(args.out, "w") as fh:
         json.dump(doc, fh, indent=1)
