@@ -315,3 +315,15 @@ def test_more_than_one_canary_is_refused(lab):
     out = stdout_of(runner)
     assert runner.status == "failed" and "tunes exactly one canary host" in out, out[-4000:]
     assert {h: server_pid(lab, h) for h in lab.hosts} == before
+
+
+@pytest.mark.lab_only_once
+def test_check_mode_is_refused_before_the_canary_is_touched(lab):
+    host = lab.hosts[-1]
+    before = ensure_serving(lab, host)
+    runner = lab.run_playbook(PLAYBOOK, check=True, extravars=dict(FAST, target=host,
+                                                                   gpufleet_tune_candidates=candidates()))
+    out = stdout_of(runner)
+    assert runner.status == "failed" and "tune.yml cannot run with --check" in out, out[-4000:]
+    assert server_pid(lab, host) == before
+    assert not lab.events(runner, "runner_on_ok", "sglang_bench_serving")
