@@ -553,3 +553,23 @@ def test_a_missing_or_malformed_profile_stops_the_run_before_any_host_is_touched
         assert not lab.events(runner, "runner_on_ok", "sglang_preflight_info") and not real_stops(lab, runner)
         assert {h: server_pid(lab, h) for h in hosts} == before
         assert all(alive(lab, h, before[h]) for h in hosts)
+
+
+@pytest.mark.lab_only_once
+def test_a_profile_that_extra_vars_would_override_is_refused_before_any_host_is_touched(lab, tmp_path):
+    # -e sglang_nccl_env=... wins over the profile's set_fact: the run would launch the extra var's values and say
+    # it launched the profile. It is refused in the preflight play instead, and the servers keep serving.
+    hosts = lab.hosts[:2]
+    before = ensure_serving(lab, hosts)
+    (tmp_path / "fast.yml").write_text("name: fast\nsglang_nccl_env: {NCCL_MAX_NCHANNELS: '8'}\n")
+    pinned = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, gpufleet_profile="fast", gpufleet_profile_dir=str(tmp_path),
+                                                       sglang_nccl_env=pinned),
+                              limit=",".join(hosts))
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-3000:]
+    assert "gpufleet_profile=fast cannot be applied" in out and "extra var (-e)" in out, out[-3000:]
+    assert "Nothing was stopped or changed" in out, out[-3000:]
+    assert not real_stops(lab, runner)
+    assert {h: server_pid(lab, h) for h in hosts} == before
+    assert all(alive(lab, h, before[h]) for h in hosts)

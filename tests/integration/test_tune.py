@@ -327,3 +327,19 @@ def test_check_mode_is_refused_before_the_canary_is_touched(lab):
     assert runner.status == "failed" and "tune.yml cannot run with --check" in out, out[-4000:]
     assert server_pid(lab, host) == before
     assert not lab.events(runner, "runner_on_ok", "sglang_bench_serving")
+
+
+@pytest.mark.lab_only_once
+def test_values_pinned_by_extra_vars_are_refused_before_the_canary_is_touched(lab):
+    # -e sglang_launch_args=... wins over set_fact: every round would launch the same server under another name.
+    host = lab.hosts[-1]
+    before = ensure_serving(lab, host)
+    pinned = dict(lab.host_vars(host)["sglang_launch_args"])
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, target=host, gpufleet_tune_candidates=candidates(),
+                                                       sglang_launch_args=pinned))
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-4000:]
+    assert "given as an extra var (-e)" in out and "Nothing was changed" in out, out[-4000:]
+    assert server_pid(lab, host) == before
+    assert not lab.events(runner, "runner_on_ok", "sglang_stop")
+    assert not lab.events(runner, "runner_on_ok", "sglang_bench_serving")
