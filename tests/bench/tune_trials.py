@@ -52,23 +52,9 @@ DEFAULT_EXTRA = [
 SPEED_LINE = re.compile(r"lab stand-in decode speed: row (\S+), base ([0-9.]+) tok/s, factor ([0-9.]+)")
 
 
-def apply_overrides(own, overrides):
-    """The candidate's values over the canary's own, key by key; null removes (the interface of
-    plugins/plugin_utils/tune.py apply_overrides; that one is used when it is importable)."""
-    out = dict(own or {})
-    for key, value in (overrides or {}).items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
-
-
-try:
-    sys.path.insert(0, os.path.join(ROOT, "collections"))
-    from ansible_collections.gpufleet.fleet.plugins.plugin_utils.tune import apply_overrides  # noqa: F811,E402
-except ImportError:
-    pass
+# The decision code's own merge (the repository is the collection gpufleet.fleet through collections/).
+sys.path.insert(0, os.path.join(ROOT, "collections"))
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.tune import apply_overrides  # noqa: E402
 
 
 def load_yaml(path):
