@@ -700,3 +700,35 @@ def test_the_tune_table_printed_is_the_cores_own_for_the_published_report():
                              for name, runs in (("baseline", [82.0, 82.5, 83.0]), ("cand-a", [93.0, 94.0, 95.0]))]}
     text = cli.command_table("tune", {"gpufleet_tune": report}, ROOT)
     assert text == tune.table(report) and "94.0 (93.0-95.0)" in text and "cand-a" in text
+
+
+def _tune_events(failures, rescued):
+    p = events.FleetProgress()
+    play = "Tune the canary"
+    p.handle(ev("runner_on_ok", "gpu-01", task="Restart to candidate cand-a", play=play))
+    p.handle(ev("runner_on_failed", "gpu-01", task="Verify", role="sglang_verify", play=play,
+                res={"msg": "cand-a: verify failed, rolled back"}))
+    p.handle(ev("runner_on_ok", "gpu-01", task="Measure baseline", play=play))
+    p.handle(ev("playbook_on_stats", None, ok={"gpu-01": 9}, failures=failures, dark={}, changed={},
+                rescued=rescued, artifact_data={}))
+    return p
+
+
+def test_tune_report_takes_the_hosts_result_from_the_final_stats():
+    # A tune round that failed was rescued (it shows in the tune table as ok: false): the run did its job.
+    for command in ("tune", "history"):
+        report = events.build_report(command, _tune_events({}, {"gpu-01": 1}), "successful", 0, "/a")
+        row = report["hosts"]["gpu-01"]
+        assert report["failed_hosts"] == [] and report["exit_code"] == 0
+        assert row["result"] == "ok" and row["cause"] is None and row["rescued"] == 1
+        assert row["rescued_cause"] == "cand-a: verify failed, rolled back"
+    # A failure Ansible counts (failures 1) stays a failed host.
+    report = events.build_report("tune", _tune_events({"gpu-01": 1}, {}), "failed", 2, "/a")
+    assert report["failed_hosts"] == ["gpu-01"] and report["exit_code"] == 2
+    assert report["hosts"]["gpu-01"]["cause"] == "cand-a: verify failed, rolled back"
+    # Even with rc 0 (the stats decide, not the exit code).
+    report = events.build_report("tune", _tune_events({"gpu-01": 1}, {}), "successful", 0, "/a")
+    assert report["failed_hosts"] == ["gpu-01"] and report["exit_code"] == 1
+    # Other commands keep judging by the failed event.
+    report = events.build_report("patch", _tune_events({}, {"gpu-01": 1}), "successful", 0, "/a")
+    assert report["failed_hosts"] == ["gpu-01"] and report["exit_code"] == 1
