@@ -702,6 +702,21 @@ def test_the_tune_table_printed_is_the_cores_own_for_the_published_report():
     assert text == tune.table(report) and "94.0 (93.0-95.0)" in text and "cand-a" in text
 
 
+def test_tune_checks_the_candidates_structure_and_leaves_nccl_values_to_the_play(tmp_path):
+    # A value tune.yml accepts when the canary's inventory lists the variable in sglang_nccl_env_unchecked: the CLI
+    # does not read the inventory, so it does not judge values (play 1 does, with the inventory's list).
+    cands = tmp_path / "candidates.yml"
+    cands.write_text("gpufleet_tune_candidates:\n  - name: proto\n    sglang_nccl_env: {NCCL_PROTO: LL128x}\n")
+    spec, _, _ = spec_of(["tune", "gpu-01", "-c", str(cands)])
+    assert spec["extravars"]["gpufleet_tune_candidates"][0]["sglang_nccl_env"] == {"NCCL_PROTO": "LL128x"}
+    # Structure is still refused: a value type no environment holds, a bad variable name, a reserved flag.
+    for body, words in (("sglang_nccl_env: {NCCL_PROTO: [LL]}", "NCCL_PROTO: value"),
+                        ("sglang_nccl_env: {'1BAD': x}", "not a valid environment variable name")):
+        cands.write_text("gpufleet_tune_candidates:\n  - name: c1\n    %s\n" % body)
+        with pytest.raises(cli.UsageError, match=words):
+            spec_of(["tune", "gpu-01", "-c", str(cands)])
+
+
 def _tune_events(failures, rescued):
     p = events.FleetProgress()
     play = "Tune the canary"
