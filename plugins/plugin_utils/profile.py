@@ -19,12 +19,15 @@ from __future__ import annotations
 import os
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import inventory_flag
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 KEYS = ("name", "sglang_nccl_env", "sglang_launch_args", "source", "note")
 OVERRIDES = ("sglang_nccl_env", "sglang_launch_args")
-# Launch flags a profile may not carry: the host's own identity and secrets stay in the inventory.
+# Launch flags a profile may not carry, nor any abbreviation SGLang's parser reads as one of them
+# (gpufleet_redact.inventory_flag): the host's own identity and secrets stay in the inventory.
 FOREIGN_FLAGS = ("host", "port", "api-key", "admin-api-key")
 MAX_BYTES = 64 << 10
 
@@ -37,7 +40,7 @@ def check_profile(data):
     """Problems of a profile's content (list of str in the user's words; empty = fine): a mapping with a valid
     ``name`` and only :data:`KEYS`; ``sglang_nccl_env`` a mapping of variable names to a string, an integer or null;
     ``sglang_launch_args`` a mapping of SGLang flag names without dashes to a scalar, a list of scalars or null, never
-    host, port or an API key; ``source`` a mapping; ``note`` a string."""
+    host, port or an API key, nor an abbreviation of one (``api-ke``, ``ho``); ``source`` a mapping; ``note`` a string."""
     if not isinstance(data, dict):
         return ["the profile must be a mapping (name, sglang_nccl_env, sglang_launch_args), not %s"
                 % type(data).__name__]
@@ -63,8 +66,10 @@ def check_profile(data):
     for key, value in (args or {}).items() if isinstance(args, dict) else ():
         if not isinstance(key, str) or not FLAG_NAME.match(key):
             problems.append("sglang_launch_args: %r is not an SGLang flag name without dashes" % (key,))
-        elif key.replace("_", "-") in FOREIGN_FLAGS:
-            problems.append("sglang_launch_args.%s belongs to the host's inventory, not to a profile" % key)
+        elif inventory_flag(key, FOREIGN_FLAGS):
+            full = inventory_flag(key, FOREIGN_FLAGS)
+            problems.append("sglang_launch_args.%s%s belongs to the host's inventory, not to a profile"
+                            % (key, "" if key.replace("_", "-") == full else " (--%s abbreviated)" % full))
         elif not (_scalar(value) or (isinstance(value, list) and all(_scalar(v) for v in value))):
             problems.append("sglang_launch_args.%s must be a value, a list of values or null" % key)
     if data.get("source") is not None and not isinstance(data.get("source"), dict):

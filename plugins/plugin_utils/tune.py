@@ -25,6 +25,7 @@ import re
 from collections.abc import Mapping
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_plan import PatchError, normalise_env
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import SGLANG_SECRET_FLAGS, inventory_flag
 
 # Metric -> which way is better. *_tok_s: SGLang bench_serving's output tokens per second (single stream: max
 # concurrency 1; throughput: at gpufleet_tune_concurrency); *_ms: median time to first token / inter-token latency
@@ -36,9 +37,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 KEYS = ("name", "sglang_nccl_env", "sglang_launch_args", "note")
 # Flags gpufleet renders itself (sglang_host, sglang_port) and flags that carry a secret (sglang_api_key): a
-# candidate cannot move the canary's address or put a key into the report, the history and the profile.
+# candidate cannot move the canary's address or put a key into the report, the history and the profile, neither
+# with the flag nor with an abbreviation SGLang's parser takes for it (gpufleet_redact.inventory_flag: api-ke, ho).
 _RESERVED_FLAGS = {"host": "sglang_host", "port": "sglang_port"}
-_KEY_FLAG_RE = re.compile(r"^(admin-)?api-key\Z")
 
 
 def _kind(value):
@@ -82,6 +83,11 @@ def _env_problems(label, env, unchecked):
     return []
 
 
+def _abbreviation(flag, full):
+    """`` (SGLang reads it as --FULL)`` when ``flag`` abbreviates ``full``, else ``""``."""
+    return "" if flag == full else " (SGLang's parser reads it as --%s)" % full
+
+
 def _args_problems(label, args):
     if args is None:
         return []
@@ -96,12 +102,15 @@ def _args_problems(label, args):
             hint = "write %s" % bare if FLAG_RE.match(bare) else "e.g. speculative-num-steps"
             out.append("%s: sglang_launch_args key %s is not an SGLang flag name as gpufleet writes it (lower case, "
                        "digits and dashes, without the leading dashes): %s" % (label, text, hint))
-        elif flag in _RESERVED_FLAGS:
-            out.append("%s: sglang_launch_args must not set %s: gpufleet renders --%s from %s, and a candidate "
-                       "cannot move the canary's server" % (label, flag, flag, _RESERVED_FLAGS[flag]))
-        elif _KEY_FLAG_RE.match(flag):
-            out.append("%s: sglang_launch_args must not set %s: the key would show in the report, the history and "
-                       "the profile; the canary's sglang_api_key is used as it is" % (label, flag))
+        elif inventory_flag(flag) in _RESERVED_FLAGS:
+            reserved = inventory_flag(flag)
+            out.append("%s: sglang_launch_args must not set %s%s: gpufleet renders --%s from %s, and a candidate "
+                       "cannot move the canary's server" % (label, flag, _abbreviation(flag, reserved), reserved,
+                                                            _RESERVED_FLAGS[reserved]))
+        elif inventory_flag(flag, SGLANG_SECRET_FLAGS):
+            out.append("%s: sglang_launch_args must not set %s%s: the key would show in the report, the history "
+                       "and the profile; the canary's sglang_api_key is used as it is"
+                       % (label, flag, _abbreviation(flag, inventory_flag(flag, SGLANG_SECRET_FLAGS))))
     return out
 
 
@@ -116,7 +125,7 @@ def check_candidates(candidates, unchecked=()):
     ``sglang_nccl_env``; ``unchecked``: the names of ``sglang_nccl_env_unchecked``, whose values are not checked);
     ``sglang_launch_args`` that is not a mapping, a flag name that is not a dash-less SGLang flag name
     (:data:`FLAG_RE`; whether the installed release knows it is the preflight's job), ``host``/``port`` or an
-    API key flag; a ``note`` that is not text; a candidate that overrides nothing (it would be the baseline
+    API key flag, or an abbreviation SGLang's parser would read as one of them (gpufleet_redact.inventory_flag); a ``note`` that is not text; a candidate that overrides nothing (it would be the baseline
     again).
     """
     if candidates is None or isinstance(candidates, (str, Mapping)) or not isinstance(candidates, (list, tuple)):

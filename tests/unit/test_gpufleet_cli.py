@@ -711,7 +711,8 @@ def test_tune_checks_the_candidates_structure_and_leaves_nccl_values_to_the_play
     assert spec["extravars"]["gpufleet_tune_candidates"][0]["sglang_nccl_env"] == {"NCCL_PROTO": "LL128x"}
     # Structure is still refused: a value type no environment holds, a bad variable name, a reserved flag.
     for body, words in (("sglang_nccl_env: {NCCL_PROTO: [LL]}", "NCCL_PROTO: value"),
-                        ("sglang_nccl_env: {'1BAD': x}", "not a valid environment variable name")):
+                        ("sglang_nccl_env: {'1BAD': x}", "not a valid environment variable name"),
+                        ("sglang_launch_args: {api-ke: SECRET}", "must not set api-ke")):
         cands.write_text("gpufleet_tune_candidates:\n  - name: c1\n    %s\n" % body)
         with pytest.raises(cli.UsageError, match=words):
             spec_of(["tune", "gpu-01", "-c", str(cands)])

@@ -65,6 +65,12 @@ def test_more_than_32_candidates_are_refused_32_are_fine():
     ({"name": "a", "sglang_launch_args": {"port": 31000}}, "must not set port: gpufleet renders --port from "
                                                            "sglang_port"),
     ({"name": "a", "sglang_launch_args": {"api-key": "s3cret"}}, "must not set api-key: the key would show"),
+    ({"name": "a", "sglang_launch_args": {"api-ke": "s3cret"}}, "must not set api-ke (SGLang's parser reads it as "
+                                                              "--api-key): the key would show"),
+    ({"name": "a", "sglang_launch_args": {"admin-api-k": "s3cret"}}, "reads it as --admin-api-key): the key"),
+    ({"name": "a", "sglang_launch_args": {"ho": "0.0.0.0"}}, "must not set ho (SGLang's parser reads it as --host): "
+                                                            "gpufleet renders --host from sglang_host"),
+    ({"name": "a", "sglang_launch_args": {"po": 1}}, "gpufleet renders --port from sglang_port"),
     ({"name": "a", "sglang_launch_args": EAGLE2, "note": 3}, "candidate 1 (a): note is a number; give text"),
 ])
 def test_each_bad_candidate_gets_one_clear_message(entry, words):

@@ -77,3 +77,13 @@ def test_save_writes_new_or_same_values_and_refuses_a_different_profile_unless_o
     assert refused["write"] is False and "gpufleet_profile_overwrite=true" in refused["msg"]
     assert profile.save_plan(other, path, True)["write"] is True
     assert yaml.safe_load(open(path))["sglang_launch_args"] == {"speculative-num-steps": 2}
+
+
+def test_check_refuses_abbreviations_of_host_identity_and_secrets():
+    problems = profile.check_profile({"name": "p", "sglang_launch_args": {"api-ke": "SECRET", "admin-api-k": "S2",
+                                                                          "ho": "0.0.0.0", "po": 1, "a": 1}})
+    text = "; ".join(problems)
+    assert len(problems) == 4 and "SECRET" not in text, problems
+    assert "sglang_launch_args.api-ke (--api-key abbreviated) belongs to the host's inventory" in text
+    assert "admin-api-k (--admin-api-key abbreviated)" in text and "ho (--host abbreviated)" in text
+    assert "po (--port abbreviated)" in text
