@@ -114,6 +114,15 @@ def _args_problems(label, args):
     return out
 
 
+def _profile_problems(label, env, args):
+    """What profile.check_profile would refuse in the candidate's overrides when tune.yml saves it as the winner's
+    profile after every restart (a value sglang_argv cannot render: a list inside a list, true inside a list):
+    refused here, before the first restart."""
+    from ansible_collections.gpufleet.fleet.plugins.plugin_utils.profile import check_profile
+    problems = check_profile({"name": "candidate", "sglang_nccl_env": env, "sglang_launch_args": args})
+    return ["%s: %s" % (label, problem) for problem in problems]
+
+
 def check_candidates(candidates, unchecked=()):
     """Why ``candidates`` (``gpufleet_tune_candidates``) cannot be tried, one message per problem in the user's
     words; [] when they can.
@@ -125,7 +134,8 @@ def check_candidates(candidates, unchecked=()):
     ``sglang_nccl_env``; ``unchecked``: the names of ``sglang_nccl_env_unchecked``, whose values are not checked);
     ``sglang_launch_args`` that is not a mapping, a flag name that is not a dash-less SGLang flag name
     (:data:`FLAG_RE`; whether the installed release knows it is the preflight's job), ``host``/``port`` or an
-    API key flag, or an abbreviation SGLang's parser would read as one of them (gpufleet_redact.inventory_flag); a ``note`` that is not text; a candidate that overrides nothing (it would be the baseline
+    API key flag, or an abbreviation SGLang's parser would read as one of them (gpufleet_redact.inventory_flag),
+    a value the winner's profile could not hold (profile.check_profile: what sglang_argv cannot render); a ``note`` that is not text; a candidate that overrides nothing (it would be the baseline
     again).
     """
     if candidates is None or isinstance(candidates, (str, Mapping)) or not isinstance(candidates, (list, tuple)):
@@ -166,8 +176,10 @@ def check_candidates(candidates, unchecked=()):
             seen[name.lower()] = index
         env = entry.get("sglang_nccl_env")
         args = entry.get("sglang_launch_args")
-        out.extend(_env_problems(label, env, unchecked))
-        out.extend(_args_problems(label, args))
+        found = _env_problems(label, env, unchecked) + _args_problems(label, args)
+        if not found:
+            found = _profile_problems(label, env, args)
+        out.extend(found)
         note = entry.get("note")
         if note is not None and not isinstance(note, str):
             out.append("%s: note is %s; give text" % (label, _kind(note)))

@@ -495,3 +495,14 @@ def test_the_filters_in_a_playbook(tmp_path):
     assert got["lines"][0] == "round 1/4 baseline (repeat 1/2): FAILED: restart failed"
     assert got["summary"] == {"median": 2.0, "min": 1.0, "max": 3.0, "runs": [1.0, 3.0, 2.0]}
     assert got["table"] == tune.table(got["report"])
+
+
+def test_candidates_with_values_a_profile_holds_pass_and_others_are_refused_before_any_restart():
+    # sglang_argv renders a mapping as JSON: the winner's profile holds it (profile.check_profile agrees).
+    rope = {"name": "rope", "sglang_launch_args": {"json-model-override-args": {"rope_scaling": {"factor": 2}}}}
+    assert tune.check_candidates([rope]) == []
+    # a value render_profile would refuse after every restart is refused now, naming the candidate
+    for value in ([[8]], [True], {"a": {"b"}}):
+        problems = tune.check_candidates([{"name": "odd", "sglang_launch_args": {"lora-paths": value}}])
+        assert len(problems) == 1 and problems[0].startswith("candidate 1 (odd): sglang_launch_args.lora-paths must "
+                                                             "be a value, a mapping"), problems
