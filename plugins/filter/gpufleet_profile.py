@@ -1,7 +1,8 @@
 """gpufleet launch profile filters: load, apply and render a named profile (issue 34).
 
 The decisions live in plugins/plugin_utils/profile.py (tests: tests/unit/plugins/plugin_utils/test_profile.py);
-these are their names in playbooks/restart.yml, playbooks/tune.yml and playbooks/tasks/profile_save.yml. They run on the controller.
+these are their names in playbooks/restart.yml, playbooks/tune.yml and playbooks/tasks/profile_save.yml. They run
+on the controller.
 """
 from __future__ import annotations
 

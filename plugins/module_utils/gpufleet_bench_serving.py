@@ -133,8 +133,8 @@ def first_errors(line, limit=3):
     return seen
 
 
-# An environment variable whose name says it holds a credential (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, AWS_SECRET_ACCESS_KEY,
-# OPENAI_API_KEY, a *_PASSWORD): its value is hidden wherever the module's output would show it.
+# An environment variable whose name says it holds a credential (HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
+# AWS_SECRET_ACCESS_KEY, OPENAI_API_KEY, a *_PASSWORD): its value is hidden wherever the module's output would show it.
 _SECRET_ENV_NAME = re.compile(r"(?i)(TOKEN|KEY|SECRET|PASS|CREDENTIAL|AUTH)")
 
 

@@ -126,8 +126,9 @@ def redact_text(text, known=()):
 
 def redact_argv(argv, known=()):
     """``argv`` (list of str) with the element after each secret flag (:data:`SECRET_FLAGS`, and any abbreviation
-    of SGLang's ``--api-key``/``--admin-api-key``: ``--api-ke``) replaced by ``********``, and every element redacted as :func:`redact_text` does (``--api-key=K``; one element holding a
-    whole command line, as a setproctitle title leaves it). None stays None."""
+    of SGLang's ``--api-key``/``--admin-api-key``: ``--api-ke``) replaced by ``********``, and every element
+    redacted as :func:`redact_text` does (``--api-key=K``; one element holding a whole command line, as a
+    setproctitle title leaves it). None stays None."""
     if argv is None:
         return None
     out, hide_next = [], False

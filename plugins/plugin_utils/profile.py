@@ -16,6 +16,7 @@ tests/unit/plugins/plugin_utils/test_profile.py.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 
@@ -46,7 +47,7 @@ def _json(value, depth=0):
         return all(isinstance(k, str) and _json(v, depth + 1) for k, v in value.items())
     if isinstance(value, list):
         return all(_json(v, depth + 1) for v in value)
-    return _scalar(value) and not (isinstance(value, float) and value != value)
+    return _scalar(value) and not (isinstance(value, float) and not math.isfinite(value))
 
 
 def _launch_value(value):
@@ -74,7 +75,8 @@ def check_profile(data):
     ``name`` and only :data:`KEYS`; ``sglang_nccl_env`` a mapping of variable names to a string, an integer or null;
     ``sglang_launch_args`` a mapping of SGLang flag names without dashes to what the launch role's sglang_argv
     renders (:func:`_launch_value`: a scalar, a JSON mapping, a list of scalars and mappings) or null, never
-    host, port or an API key, nor an abbreviation of one (``api-ke``, ``ho``); ``source`` a mapping; ``note`` a string."""
+    host, port or an API key, nor an abbreviation of one (``api-ke``, ``ho``); ``source`` a mapping; ``note`` a
+    string."""
     if not isinstance(data, dict):
         return ["the profile must be a mapping (name, sglang_nccl_env, sglang_launch_args), not %s"
                 % type(data).__name__]

@@ -135,8 +135,8 @@ def check_candidates(candidates, unchecked=()):
     ``sglang_launch_args`` that is not a mapping, a flag name that is not a dash-less SGLang flag name
     (:data:`FLAG_RE`; whether the installed release knows it is the preflight's job), ``host``/``port`` or an
     API key flag, or an abbreviation SGLang's parser would read as one of them (gpufleet_redact.inventory_flag),
-    a value the winner's profile could not hold (profile.check_profile: what sglang_argv cannot render); a ``note`` that is not text; a candidate that overrides nothing (it would be the baseline
-    again).
+    a value the winner's profile could not hold (profile.check_profile: what sglang_argv cannot render); a
+    ``note`` that is not text; a candidate that overrides nothing (it would be the baseline again).
     """
     if candidates is None or isinstance(candidates, (str, Mapping)) or not isinstance(candidates, (list, tuple)):
         return ["gpufleet_tune_candidates must be a list of candidates, each a mapping with a name and "

@@ -337,7 +337,8 @@ def build_report(command, progress, status, rc, artifacts_dir, report_dir=None, 
     nosuchhost``, ``[ERROR]: Specified inventory, host pattern and/or --limit leaves us with no hosts to target.``),
     ``warnings`` (list of str: Ansible's ``[WARNING]`` lines outside any task), ``hosts`` (host → row: restart rows as restart.yml publishes
     them; check rows ``verdict``/``gpus_ok``/``gpus_total``/``reasons``; patch/unlock/history/tune ``result``/
-    ``changed``/``cause``; for history and tune the result follows Ansible's final stats: :func:`settle_by_stats`), ``failed_hosts`` (sorted list), ``stats`` (Ansible's per-host counters), ``exit_code`` (int).
+    ``changed``/``cause``; for history and tune the result follows Ansible's final stats:
+    :func:`settle_by_stats`), ``failed_hosts`` (sorted list), ``stats`` (Ansible's per-host counters), ``exit_code`` (int).
     """
     progress.finish(status)
     if command == "restart":
