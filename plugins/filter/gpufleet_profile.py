@@ -1,7 +1,8 @@
 """gpufleet launch profile filters: load, apply and render a named profile (issue 34).
 
 The decisions live in plugins/plugin_utils/profile.py (tests: tests/unit/plugins/plugin_utils/test_profile.py);
-these are their names in playbooks/restart.yml and playbooks/tasks/profile_save.yml. They run on the controller.
+these are their names in playbooks/restart.yml, playbooks/tune.yml and playbooks/tasks/profile_save.yml. They run
+on the controller.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ gpufleet_profile_read = profile.read_profile
 gpufleet_profile_apply = profile.apply_profile
 gpufleet_profile_render = profile.render_profile
 gpufleet_profile_save_plan = profile.save_plan
+gpufleet_profile_check_name = profile.check_name
 
 
 class FilterModule(object):
@@ -22,4 +24,5 @@ class FilterModule(object):
             "gpufleet_profile_apply": gpufleet_profile_apply,
             "gpufleet_profile_render": gpufleet_profile_render,
             "gpufleet_profile_save_plan": gpufleet_profile_save_plan,
+            "gpufleet_profile_check_name": gpufleet_profile_check_name,
         }

@@ -133,6 +133,22 @@ def first_errors(line, limit=3):
     return seen
 
 
+# An environment variable whose name says it holds a credential (HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
+# AWS_SECRET_ACCESS_KEY, OPENAI_API_KEY, a *_PASSWORD): its value is hidden wherever the module's output would show it.
+_SECRET_ENV_NAME = re.compile(r"(?i)(TOKEN|KEY|SECRET|PASS|CREDENTIAL|AUTH)")
+
+
+def secret_env_values(extra):
+    """The non-empty values (str) of ``extra`` (the ``env`` option) under a name that says it holds a credential."""
+    return [str(value) for name, value in (extra or {}).items()
+            if _SECRET_ENV_NAME.search(str(name)) and value is not None and str(value)]
+
+
+def shown_env(extra):
+    """``extra`` (the ``env`` option) as the module's invocation shows it: the names, every value ``********``."""
+    return dict((str(name), "********") for name in (extra or {}))
+
+
 def tail(text, lines=25, known=()):
     """The last ``lines`` lines of the client's output, secrets redacted (the server's info it prints may hold
     ``api_key``; ``known`` are values to hide wherever they appear)."""

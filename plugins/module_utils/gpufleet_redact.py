@@ -12,6 +12,8 @@ None of this needs the key: the forms are recognised by their shape, so a module
 
 - a flag and its value (smg's ``--control-plane-api-keys`` too): ``--api-key K`` (two argv elements, or one string such as a setproctitle title holding the
   whole command line), ``--api-key=K``, the same for ``--admin-api-key``, and a list repr ``'--api-key', 'K'``;
+  SGLang's two key flags also abbreviated as its argparse parser takes them (``--api-ke K``, ``--admin-api-k=K``,
+  down to two letters: :func:`abbreviates`);
 - a field and its value: ``api_key='K'``, ``api_key="K"``, ``'api_key': 'K'``, ``"api_key": "K"``, ``api_key=K``, for
   any field name ending in ``api_key`` (``admin_api_key``, ``OPENAI_API_KEY``), any case; ``None``/``null``/empty
   values stay as they are (they say there is no key);
@@ -27,18 +29,64 @@ import re
 # smg (the router) takes its control-plane keys as --control-plane-api-keys id:name:role:KEY.
 SECRET_FLAGS = ("--api-key", "--admin-api-key", "--control-plane-api-keys")
 REDACTED = "********"
+# SGLang reads its command line with argparse's allow_abbrev on (gpufleet_sglang_args.resolve_flag): a prefix of a
+# long option is that option, so ``--api-ke K`` hands SGLang a key as ``--api-key K`` does. SGLang's flags (without
+# dashes) that carry a secret, and the ones gpufleet renders from the inventory (sglang_host, sglang_port,
+# sglang_api_key, sglang_admin_api_key), which no tune candidate or launch profile may set, abbreviated or not.
+SGLANG_SECRET_FLAGS = ("api-key", "admin-api-key")
+INVENTORY_FLAGS = ("api-key", "admin-api-key", "host", "port")
+# The shortest abbreviation counted (one letter is ambiguous in every SGLang release: --a, --h, --p).
+MIN_ABBREV = 2
+
+
+def abbreviates(word, option):
+    """True when ``word`` is ``option`` or a prefix of it, the way argparse's allow_abbrev reads a long option (both
+    with their dashes: ``--tp`` abbreviates ``--tp-size``; gpufleet_sglang_args.resolve_flag). argparse also wants
+    the prefix to match no other option of the parser; that needs the release's option list, so here a prefix is
+    enough: a flag that may be read as ``option`` is treated as it."""
+    return isinstance(word, str) and isinstance(option, str) and word.startswith("--") and option.startswith(word)
+
+
+def inventory_flag(name, flags=INVENTORY_FLAGS):
+    """The flag of ``flags`` (default :data:`INVENTORY_FLAGS`: api-key, admin-api-key, host, port; without dashes)
+    that the launch flag name ``name`` (without dashes, as sglang_launch_args writes it; leading dashes, case and
+    ``_`` for ``-`` are forgiven) is or abbreviates with at least :data:`MIN_ABBREV` characters (``api-ke`` ->
+    ``api-key``, ``ho`` -> ``host``), else None."""
+    if not isinstance(name, str):
+        return None
+    word = name.lstrip("-").replace("_", "-").lower()
+    if len(word) < MIN_ABBREV:
+        return None
+    for flag in flags:
+        if abbreviates("--" + word, "--" + flag):
+            return flag
+    return None
+
+
+def _prefixes(word):
+    """A regex alternative matching ``word`` and each of its prefixes of at least :data:`MIN_ABBREV` characters."""
+    text = re.escape(word[:MIN_ABBREV])
+    tail = word[MIN_ABBREV:]
+    nested = ""
+    for char in reversed(tail):
+        nested = "(?:%s%s)?" % (re.escape(char), nested)
+    return text + nested
+
+
+# --api-key, --admin-api-key (and their abbreviations), --control-plane-api-keys (smg; clap takes no abbreviation)
+_FLAG_WORDS = r"(?:%s|%s|control-plane-api-keys)" % tuple(_prefixes(flag) for flag in SGLANG_SECRET_FLAGS)
 
 # A value in quotes (backslash escapes as in a Python repr or JSON; the closing quote may be cut off by a
 # shortened line) or a bare word.
 _QUOTED = r"'(?:[^'\\\n]|\\.)*'?|\"(?:[^\"\\\n]|\\.)*\"?"
-_FLAG = r"(?<![\w-])(--(?:admin-api-key|api-key|control-plane-api-keys))"
+_FLAG = r"(?<![\w-])(--" + _FLAG_WORDS + r")"
 _PATTERNS = (
     # --api-key=K (any value, a dash included: "=" binds it)
     re.compile(_FLAG + r"(=)(" + _QUOTED + r"|[^\s'\",;)\]}]+)"),
     # --api-key K: a value that is not the next flag (argparse would refuse "--api-key --port")
     re.compile(_FLAG + r"([ \t]+)(?!--)(" + _QUOTED + r"|[^\s'\",;)\]}]+)"),
     # '--api-key', 'K' (a list repr, JSON array)
-    re.compile(r"(['\"]--(?:admin-api-key|api-key|control-plane-api-keys)['\"]\s*,\s*)()(" + _QUOTED + r")"),
+    re.compile(r"(['\"]--" + _FLAG_WORDS + r"['\"]\s*,\s*)()(" + _QUOTED + r")"),
     # api_key='K', 'api_key': 'K', "api_key": "K", API_KEY=K; None / null / '' / "" are kept
     re.compile(r"(?i)(\b\w*api_key['\"]?\s*)([=:]\s*)(?!(?:None|null|''|\"\")(?![\w-]))(" + _QUOTED
                + r"|[^\s'\",;)\]}]+)"),
@@ -77,9 +125,10 @@ def redact_text(text, known=()):
 
 
 def redact_argv(argv, known=()):
-    """``argv`` (list of str) with the element after each secret flag (:data:`SECRET_FLAGS`) replaced by
-    ``********``, and every element redacted as :func:`redact_text` does (``--api-key=K``; one element holding a
-    whole command line, as a setproctitle title leaves it). None stays None."""
+    """``argv`` (list of str) with the element after each secret flag (:data:`SECRET_FLAGS`, and any abbreviation
+    of SGLang's ``--api-key``/``--admin-api-key``: ``--api-ke``) replaced by ``********``, and every element
+    redacted as :func:`redact_text` does (``--api-key=K``; one element holding a whole command line, as a
+    setproctitle title leaves it). None stays None."""
     if argv is None:
         return None
     out, hide_next = [], False
@@ -88,7 +137,8 @@ def redact_argv(argv, known=()):
             out.append(REDACTED)
             hide_next = False
             continue
-        hide_next = isinstance(arg, str) and arg in SECRET_FLAGS
+        hide_next = isinstance(arg, str) and (arg in SECRET_FLAGS or (
+            arg.startswith("--") and inventory_flag(arg, SGLANG_SECRET_FLAGS) is not None))
         out.append(redact_text(arg, known))
     return out
 

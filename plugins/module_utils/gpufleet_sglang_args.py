@@ -50,6 +50,8 @@ import json
 import os
 import re
 
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import abbreviates
+
 SERVER_ARGS_REL = os.path.join("srt", "server_args.py")
 ARG_UTILS_REL = os.path.join("srt", "arg_groups", "arg_utils.py")
 
@@ -1173,7 +1175,7 @@ def resolve_flag(name, index, allow_abbrev=True):
     if name in index:
         return name, index[name], None
     if allow_abbrev and name.startswith("--"):
-        matches = [s for s in index if s.startswith(name)]
+        matches = [s for s in index if abbreviates(name, s)]
         if len(matches) == 1:
             return matches[0], index[matches[0]], None
         if len(matches) > 1:

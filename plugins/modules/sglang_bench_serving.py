@@ -83,6 +83,9 @@ options:
     description:
       - Extra environment for the client, e.g. C(HF_HUB_OFFLINE=1) on hosts without the hub (a mapping of names to
         values).
+      - Its values are not returned - the result's C(invocation) shows the names with every value C(********) - and
+        the value of a name that says it holds a credential (C(TOKEN), C(KEY), C(SECRET), C(PASS), C(CREDENTIAL),
+        C(AUTH), e.g. C(HF_TOKEN)) is hidden in everything the module returns (messages, the client's output).
     type: dict
     default: {}
 seealso:
@@ -276,6 +279,11 @@ def main():
         supports_check_mode=True,
     ))
     p = module.params
+    # env may carry a credential (HF_TOKEN): the invocation shows its names only, and a value under a credential's
+    # name is hidden wherever the output would show it. Not no_log: Ansible would then mask every occurrence of
+    # each value, so HF_HUB_OFFLINE=1 would turn every figure holding a 1 into ********.
+    module.params = dict(p, env=bench.shown_env(p["env"]))
+    module.no_log_values.update(bench.secret_env_values(p["env"]))
     base = dict(num_prompts=p["num_prompts"], max_concurrency=p["max_concurrency"], completed=0)
     for name in ("num_prompts", "max_concurrency", "input_len", "output_len", "timeout_s"):
         if p[name] < 1:
@@ -301,7 +309,7 @@ def main():
         line = bench.read_result(os.path.join(workdir, "result.jsonl"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    known = (p["api_key"],)
+    known = (p["api_key"],) + tuple(bench.secret_env_values(p["env"]))
     result = dict(base, cmd=argv, module=client, tokenizer=tokenizer)
     if rc is None:
         module.fail_json(msg="%s against %s did not finish in %d s (timeout_s)" % (client, p["url"], p["timeout_s"]),

@@ -16,15 +16,20 @@ tests/unit/plugins/plugin_utils/test_profile.py.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import inventory_flag
+
+# \Z, not $: "$" also matches before a trailing newline ("tune-x\n" would become a file name with a newline).
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+FLAG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 KEYS = ("name", "sglang_nccl_env", "sglang_launch_args", "source", "note")
 OVERRIDES = ("sglang_nccl_env", "sglang_launch_args")
-# Launch flags a profile may not carry: the host's own identity and secrets stay in the inventory.
+# Launch flags a profile may not carry, nor any abbreviation SGLang's parser reads as one of them
+# (gpufleet_redact.inventory_flag): the host's own identity and secrets stay in the inventory.
 FOREIGN_FLAGS = ("host", "port", "api-key", "admin-api-key")
 MAX_BYTES = 64 << 10
 
@@ -33,11 +38,45 @@ def _scalar(value):
     return value is None or (isinstance(value, (str, int, float, bool)))
 
 
+def _json(value, depth=0):
+    """True when ``value`` is plain JSON data (str keys; what the launch role's sglang_argv filter renders as compact
+    JSON for a mapping-valued flag such as json-model-override-args), at most 32 levels deep."""
+    if depth > 32:
+        return False
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _json(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_json(v, depth + 1) for v in value)
+    return _scalar(value) and not (isinstance(value, float) and not math.isfinite(value))
+
+
+def _launch_value(value):
+    """A value sglang_argv (plugins/filter/gpufleet.py) renders: a scalar (true: the bare flag; false/null: omitted),
+    a mapping (compact JSON: ``{json-model-override-args: {rope_scaling: {factor: 2}}}``), or a list of scalars
+    (no boolean: sglang_argv refuses one inside a list) and mappings (``--flag v1 v2``)."""
+    if _scalar(value) or (isinstance(value, dict) and _json(value)):
+        return True
+    return isinstance(value, list) and all(
+        (_scalar(v) and not isinstance(v, bool)) or (isinstance(v, dict) and _json(v)) for v in value)
+
+
+def check_name(name):
+    """None when ``name`` is a profile name (:data:`NAME`: letters, digits, ``_ . -``, up to 64, starting with a
+    letter or digit; it becomes ``<name>.yml``), else the message saying why not (filter
+    ``gpufleet_profile_check_name``: tune.yml's first play checks gpufleet_tune_profile with it)."""
+    if isinstance(name, str) and NAME.match(name):
+        return None
+    return ("profile name %r is not a profile name (letters, digits, _ . -, up to 64, starting with a letter or "
+            "digit; it becomes the file name <name>.yml)" % (name,))
+
+
 def check_profile(data):
     """Problems of a profile's content (list of str in the user's words; empty = fine): a mapping with a valid
     ``name`` and only :data:`KEYS`; ``sglang_nccl_env`` a mapping of variable names to a string, an integer or null;
-    ``sglang_launch_args`` a mapping of SGLang flag names without dashes to a scalar, a list of scalars or null, never
-    host, port or an API key; ``source`` a mapping; ``note`` a string."""
+    ``sglang_launch_args`` a mapping of SGLang flag names without dashes to what the launch role's sglang_argv
+    renders (:func:`_launch_value`: a scalar, a JSON mapping, a list of scalars and mappings) or null, never
+    host, port or an API key, nor an abbreviation of one (``api-ke``, ``ho``); ``source`` a mapping; ``note`` a
+    string."""
     if not isinstance(data, dict):
         return ["the profile must be a mapping (name, sglang_nccl_env, sglang_launch_args), not %s"
                 % type(data).__name__]
@@ -63,10 +102,13 @@ def check_profile(data):
     for key, value in (args or {}).items() if isinstance(args, dict) else ():
         if not isinstance(key, str) or not FLAG_NAME.match(key):
             problems.append("sglang_launch_args: %r is not an SGLang flag name without dashes" % (key,))
-        elif key.replace("_", "-") in FOREIGN_FLAGS:
-            problems.append("sglang_launch_args.%s belongs to the host's inventory, not to a profile" % key)
-        elif not (_scalar(value) or (isinstance(value, list) and all(_scalar(v) for v in value))):
-            problems.append("sglang_launch_args.%s must be a value, a list of values or null" % key)
+        elif inventory_flag(key, FOREIGN_FLAGS):
+            full = inventory_flag(key, FOREIGN_FLAGS)
+            problems.append("sglang_launch_args.%s%s belongs to the host's inventory, not to a profile"
+                            % (key, "" if key.replace("_", "-") == full else " (--%s abbreviated)" % full))
+        elif not _launch_value(value):
+            problems.append("sglang_launch_args.%s must be a value, a mapping (rendered as JSON), a list of values "
+                            "or mappings (no true/false inside), or null" % key)
     if data.get("source") is not None and not isinstance(data.get("source"), dict):
         problems.append("source must be a mapping")
     if data.get("note") is not None and not isinstance(data.get("note"), str):

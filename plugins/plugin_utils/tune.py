@@ -25,6 +25,7 @@ import re
 from collections.abc import Mapping
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_plan import PatchError, normalise_env
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import SGLANG_SECRET_FLAGS, inventory_flag
 
 # Metric -> which way is better. *_tok_s: SGLang bench_serving's output tokens per second (single stream: max
 # concurrency 1; throughput: at gpufleet_tune_concurrency); *_ms: median time to first token / inter-token latency
@@ -36,9 +37,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 KEYS = ("name", "sglang_nccl_env", "sglang_launch_args", "note")
 # Flags gpufleet renders itself (sglang_host, sglang_port) and flags that carry a secret (sglang_api_key): a
-# candidate cannot move the canary's address or put a key into the report, the history and the profile.
+# candidate cannot move the canary's address or put a key into the report, the history and the profile, neither
+# with the flag nor with an abbreviation SGLang's parser takes for it (gpufleet_redact.inventory_flag: api-ke, ho).
 _RESERVED_FLAGS = {"host": "sglang_host", "port": "sglang_port"}
-_KEY_FLAG_RE = re.compile(r"^(admin-)?api-key\Z")
 
 
 def _kind(value):
@@ -82,6 +83,11 @@ def _env_problems(label, env, unchecked):
     return []
 
 
+def _abbreviation(flag, full):
+    """`` (SGLang reads it as --FULL)`` when ``flag`` abbreviates ``full``, else ``""``."""
+    return "" if flag == full else " (SGLang's parser reads it as --%s)" % full
+
+
 def _args_problems(label, args):
     if args is None:
         return []
@@ -96,13 +102,25 @@ def _args_problems(label, args):
             hint = "write %s" % bare if FLAG_RE.match(bare) else "e.g. speculative-num-steps"
             out.append("%s: sglang_launch_args key %s is not an SGLang flag name as gpufleet writes it (lower case, "
                        "digits and dashes, without the leading dashes): %s" % (label, text, hint))
-        elif flag in _RESERVED_FLAGS:
-            out.append("%s: sglang_launch_args must not set %s: gpufleet renders --%s from %s, and a candidate "
-                       "cannot move the canary's server" % (label, flag, flag, _RESERVED_FLAGS[flag]))
-        elif _KEY_FLAG_RE.match(flag):
-            out.append("%s: sglang_launch_args must not set %s: the key would show in the report, the history and "
-                       "the profile; the canary's sglang_api_key is used as it is" % (label, flag))
+        elif inventory_flag(flag) in _RESERVED_FLAGS:
+            reserved = inventory_flag(flag)
+            out.append("%s: sglang_launch_args must not set %s%s: gpufleet renders --%s from %s, and a candidate "
+                       "cannot move the canary's server" % (label, flag, _abbreviation(flag, reserved), reserved,
+                                                            _RESERVED_FLAGS[reserved]))
+        elif inventory_flag(flag, SGLANG_SECRET_FLAGS):
+            out.append("%s: sglang_launch_args must not set %s%s: the key would show in the report, the history "
+                       "and the profile; the canary's sglang_api_key is used as it is"
+                       % (label, flag, _abbreviation(flag, inventory_flag(flag, SGLANG_SECRET_FLAGS))))
     return out
+
+
+def _profile_problems(label, env, args):
+    """What profile.check_profile would refuse in the candidate's overrides when tune.yml saves it as the winner's
+    profile after every restart (a value sglang_argv cannot render: a list inside a list, true inside a list):
+    refused here, before the first restart."""
+    from ansible_collections.gpufleet.fleet.plugins.plugin_utils.profile import check_profile
+    problems = check_profile({"name": "candidate", "sglang_nccl_env": env, "sglang_launch_args": args})
+    return ["%s: %s" % (label, problem) for problem in problems]
 
 
 def check_candidates(candidates, unchecked=()):
@@ -116,8 +134,9 @@ def check_candidates(candidates, unchecked=()):
     ``sglang_nccl_env``; ``unchecked``: the names of ``sglang_nccl_env_unchecked``, whose values are not checked);
     ``sglang_launch_args`` that is not a mapping, a flag name that is not a dash-less SGLang flag name
     (:data:`FLAG_RE`; whether the installed release knows it is the preflight's job), ``host``/``port`` or an
-    API key flag; a ``note`` that is not text; a candidate that overrides nothing (it would be the baseline
-    again).
+    API key flag, or an abbreviation SGLang's parser would read as one of them (gpufleet_redact.inventory_flag),
+    a value the winner's profile could not hold (profile.check_profile: what sglang_argv cannot render); a
+    ``note`` that is not text; a candidate that overrides nothing (it would be the baseline again).
     """
     if candidates is None or isinstance(candidates, (str, Mapping)) or not isinstance(candidates, (list, tuple)):
         return ["gpufleet_tune_candidates must be a list of candidates, each a mapping with a name and "
@@ -157,8 +176,10 @@ def check_candidates(candidates, unchecked=()):
             seen[name.lower()] = index
         env = entry.get("sglang_nccl_env")
         args = entry.get("sglang_launch_args")
-        out.extend(_env_problems(label, env, unchecked))
-        out.extend(_args_problems(label, args))
+        found = _env_problems(label, env, unchecked) + _args_problems(label, args)
+        if not found:
+            found = _profile_problems(label, env, args)
+        out.extend(found)
         note = entry.get("note")
         if note is not None and not isinstance(note, str):
             out.append("%s: note is %s; give text" % (label, _kind(note)))

@@ -151,7 +151,9 @@ def build_parser():
 def tune_candidates(path):
     """The candidates of ``gpufleet tune -c FILE`` (list): the file's ``gpufleet_tune_candidates``, or the file
     itself when it holds a list. Raises :class:`UsageError` for a file that cannot be read or holds neither, and
-    for candidates the core refuses (tune.check_candidates), naming every problem: nothing runs then."""
+    for candidates whose structure the core refuses (tune.check_candidates with every NCCL variable the file names
+    unchecked: their values are judged by tune.yml's first play with the inventory's sglang_nccl_env_unchecked),
+    naming every problem: nothing runs then."""
     import yaml
     try:
         with open(path) as fh:
@@ -162,8 +164,16 @@ def tune_candidates(path):
     if not isinstance(candidates, list):
         raise UsageError("-c %s: the file must hold gpufleet_tune_candidates, a list of candidates "
                          "({name, sglang_nccl_env, sglang_launch_args})" % path)
+    # Structure only: the NCCL values are judged by tune.yml's first play against the canary's own
+    # sglang_nccl_env_unchecked (the inventory's, which this machine does not read), so every variable the file
+    # names is passed as unchecked here.
+    names = set()
+    for entry in candidates:
+        env = entry.get("sglang_nccl_env") if isinstance(entry, dict) else None
+        if isinstance(env, dict):
+            names.update(name for name in env if isinstance(name, str))
     try:
-        problems = core.load("tune").check_candidates(candidates)
+        problems = core.load("tune").check_candidates(candidates, sorted(names))
     except (ImportError, AttributeError):  # an older collection: tune.yml checks them itself
         problems = []
     if problems:

@@ -25,6 +25,10 @@ STATS_KEY = {"restart": "gpufleet_restart", "check": "gpufleet_check"}
 BAD_RESULTS = frozenset(("failed", "rolled_back", "refused", "unreachable", "not_reached", "canceled", "cancelled",
                          "interrupted"))
 CHECK_VERDICTS = ("OK", "WARN", "CRIT")
+# Commands whose host result is Ansible's own final count (playbook_on_stats): tune.yml rescues a failed round by
+# design (the round shows in the tune table as ok: false) and the run goes on, so a failed task event there does not
+# make the host failed; only stats failures (or unreachable) do. restart and check keep their own rows.
+STATS_JUDGED = frozenset(("tune", "history"))
 
 
 def cut_short(phase, host, word="cancelled", seen=None, lock=None, run=None):
@@ -301,6 +305,20 @@ def _plain_rows(progress):
                           "cause": row["cause"]} for row in progress.hosts()}
 
 
+def settle_by_stats(hosts, stats):
+    """``hosts`` (plain rows, host → row) with each ``failed`` row that Ansible's final stats count as not failed
+    (``failures`` 0 and not unreachable: every failure was rescued, e.g. a tune round) made ``ok``; the rescued
+    failure's message stays as ``rescued_cause``, with ``rescued`` (stats' count). No stats (a run cut short): the
+    rows as they are. Returns ``hosts`` (changed in place)."""
+    if not stats:
+        return hosts
+    failures, dark, rescued = (stats.get(key) or {} for key in ("failures", "dark", "rescued"))
+    for host, row in hosts.items():
+        if row.get("result") == "failed" and not failures.get(host) and not dark.get(host):
+            row.update(result="ok", rescued=rescued.get(host) or 0, rescued_cause=row.get("cause"), cause=None)
+    return hosts
+
+
 def host_is_bad(command, row):
     """True when the host's row means the run did not do its job there (failed, unreachable, CRIT ...)."""
     if command == "check":
@@ -318,8 +336,9 @@ def build_report(command, progress, status, rc, artifacts_dir, report_dir=None, 
     warnings before them when it printed an error: ``[WARNING]: Could not match supplied host pattern, ignoring:
     nosuchhost``, ``[ERROR]: Specified inventory, host pattern and/or --limit leaves us with no hosts to target.``),
     ``warnings`` (list of str: Ansible's ``[WARNING]`` lines outside any task), ``hosts`` (host → row: restart rows as restart.yml publishes
-    them; check rows ``verdict``/``gpus_ok``/``gpus_total``/``reasons``; patch/unlock ``result``/``changed``/
-    ``cause``), ``failed_hosts`` (sorted list), ``stats`` (Ansible's per-host counters), ``exit_code`` (int).
+    them; check rows ``verdict``/``gpus_ok``/``gpus_total``/``reasons``; patch/unlock/history/tune ``result``/
+    ``changed``/``cause``; for history and tune the result follows Ansible's final stats:
+    :func:`settle_by_stats`), ``failed_hosts`` (sorted list), ``stats`` (Ansible's per-host counters), ``exit_code`` (int).
     """
     progress.finish(status)
     if command == "restart":
@@ -328,6 +347,8 @@ def build_report(command, progress, status, rc, artifacts_dir, report_dir=None, 
         hosts = _check_rows(progress, report_dir)
     else:
         hosts = _plain_rows(progress)
+        if command in STATS_JUDGED:
+            settle_by_stats(hosts, progress.stats)
     failed = sorted(h for h, row in hosts.items() if host_is_bad(command, row))
     run_errors = list(progress.run_errors)
     if progress.ansible_errors:

@@ -700,3 +700,51 @@ def test_the_tune_table_printed_is_the_cores_own_for_the_published_report():
                              for name, runs in (("baseline", [82.0, 82.5, 83.0]), ("cand-a", [93.0, 94.0, 95.0]))]}
     text = cli.command_table("tune", {"gpufleet_tune": report}, ROOT)
     assert text == tune.table(report) and "94.0 (93.0-95.0)" in text and "cand-a" in text
+
+
+def test_tune_checks_the_candidates_structure_and_leaves_nccl_values_to_the_play(tmp_path):
+    # A value tune.yml accepts when the canary's inventory lists the variable in sglang_nccl_env_unchecked: the CLI
+    # does not read the inventory, so it does not judge values (play 1 does, with the inventory's list).
+    cands = tmp_path / "candidates.yml"
+    cands.write_text("gpufleet_tune_candidates:\n  - name: proto\n    sglang_nccl_env: {NCCL_PROTO: LL128x}\n")
+    spec, _, _ = spec_of(["tune", "gpu-01", "-c", str(cands)])
+    assert spec["extravars"]["gpufleet_tune_candidates"][0]["sglang_nccl_env"] == {"NCCL_PROTO": "LL128x"}
+    # Structure is still refused: a value type no environment holds, a bad variable name, a reserved flag.
+    for body, words in (("sglang_nccl_env: {NCCL_PROTO: [LL]}", "NCCL_PROTO: value"),
+                        ("sglang_nccl_env: {'1BAD': x}", "not a valid environment variable name"),
+                        ("sglang_launch_args: {api-ke: SECRET}", "must not set api-ke")):
+        cands.write_text("gpufleet_tune_candidates:\n  - name: c1\n    %s\n" % body)
+        with pytest.raises(cli.UsageError, match=words):
+            spec_of(["tune", "gpu-01", "-c", str(cands)])
+
+
+def _tune_events(failures, rescued):
+    p = events.FleetProgress()
+    play = "Tune the canary"
+    p.handle(ev("runner_on_ok", "gpu-01", task="Restart to candidate cand-a", play=play))
+    p.handle(ev("runner_on_failed", "gpu-01", task="Verify", role="sglang_verify", play=play,
+                res={"msg": "cand-a: verify failed, rolled back"}))
+    p.handle(ev("runner_on_ok", "gpu-01", task="Measure baseline", play=play))
+    p.handle(ev("playbook_on_stats", None, ok={"gpu-01": 9}, failures=failures, dark={}, changed={},
+                rescued=rescued, artifact_data={}))
+    return p
+
+
+def test_tune_report_takes_the_hosts_result_from_the_final_stats():
+    # A tune round that failed was rescued (it shows in the tune table as ok: false): the run did its job.
+    for command in ("tune", "history"):
+        report = events.build_report(command, _tune_events({}, {"gpu-01": 1}), "successful", 0, "/a")
+        row = report["hosts"]["gpu-01"]
+        assert report["failed_hosts"] == [] and report["exit_code"] == 0
+        assert row["result"] == "ok" and row["cause"] is None and row["rescued"] == 1
+        assert row["rescued_cause"] == "cand-a: verify failed, rolled back"
+    # A failure Ansible counts (failures 1) stays a failed host.
+    report = events.build_report("tune", _tune_events({"gpu-01": 1}, {}), "failed", 2, "/a")
+    assert report["failed_hosts"] == ["gpu-01"] and report["exit_code"] == 2
+    assert report["hosts"]["gpu-01"]["cause"] == "cand-a: verify failed, rolled back"
+    # Even with rc 0 (the stats decide, not the exit code).
+    report = events.build_report("tune", _tune_events({"gpu-01": 1}, {}), "successful", 0, "/a")
+    assert report["failed_hosts"] == ["gpu-01"] and report["exit_code"] == 1
+    # Other commands keep judging by the failed event.
+    report = events.build_report("patch", _tune_events({}, {"gpu-01": 1}), "successful", 0, "/a")
+    assert report["failed_hosts"] == ["gpu-01"] and report["exit_code"] == 1

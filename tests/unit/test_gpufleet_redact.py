@@ -6,6 +6,9 @@ import pytest
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import (
     REDACTED,
+    SGLANG_SECRET_FLAGS,
+    abbreviates,
+    inventory_flag,
     redact_argv,
     redact_data,
     redact_text,
@@ -145,3 +148,37 @@ def test_a_variable_reference_is_not_a_key_and_the_unit_text_reads_back_as_writt
     assert redact_text(unit) == unit
     assert redact_text("--api-key=$KEY --admin-api-key ${ADMIN}") == "--api-key=$KEY --admin-api-key ${ADMIN}"
     assert redact_text("--api-key $x-real-key") == "--api-key ********"
+
+
+def test_abbreviated_key_flags_are_redacted_as_sglangs_argparse_reads_them():
+    # argparse (allow_abbrev) takes --api-ke for --api-key: the value after it is a key all the same.
+    argv = ["python", "-m", "sglang.launch_server", "--api-ke", KEY, "--admin-api-k", ADMIN, "--port", "1"]
+    assert redact_argv(argv) == ["python", "-m", "sglang.launch_server", "--api-ke", REDACTED,
+                                 "--admin-api-k", REDACTED, "--port", "1"]
+    assert redact_argv(["x", "--api-ke=" + KEY, "--ad=" + ADMIN, "--ap", KEY]) == [
+        "x", "--api-ke=" + REDACTED, "--ad=" + REDACTED, "--ap", REDACTED]
+    title = "python -m sglang.launch_server --api-ke %s --admin-api=%s --port 1" % (KEY, ADMIN)
+    assert redact_text(title) == "python -m sglang.launch_server --api-ke %s --admin-api=%s --port 1" % (
+        REDACTED, REDACTED)
+    assert redact_text(str(["--api-k", KEY])) == "['--api-k', '%s']" % REDACTED
+    # one letter is no abbreviation counted (ambiguous in SGLang), a longer flag is another flag
+    assert redact_argv(["--a", "x", "--api-key-file", "/k", "--port", "1"]) == [
+        "--a", "x", "--api-key-file", "/k", "--port", "1"]
+
+
+@pytest.mark.parametrize("name, flag", [
+    ("api-key", "api-key"), ("api-ke", "api-key"), ("ap", "api-key"), ("api_key", "api-key"), ("API-KE", "api-key"),
+    ("admin-api-key", "admin-api-key"), ("admin-api-k", "admin-api-key"), ("ad", "admin-api-key"),
+    ("host", "host"), ("ho", "host"), ("port", "port"), ("po", "port"), ("--po", "port"),
+    ("a", None), ("h", None), ("p", None), ("hosts", None), ("api-key-file", None), ("tp-size", None),
+    ("speculative-num-steps", None), ("", None), (None, None), (7, None),
+])
+def test_inventory_flag_names_the_flag_a_name_is_or_abbreviates(name, flag):
+    assert inventory_flag(name) == flag
+    assert inventory_flag(name, SGLANG_SECRET_FLAGS) == (flag if flag in SGLANG_SECRET_FLAGS else None)
+
+
+def test_abbreviates_is_argparses_prefix_rule_for_long_options():
+    assert abbreviates("--tp", "--tp-size") and abbreviates("--tp-size", "--tp-size")
+    assert not abbreviates("--tp-sizes", "--tp-size") and not abbreviates("tp", "--tp-size")
+    assert not abbreviates("--h", "-h")

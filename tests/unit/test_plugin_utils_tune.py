@@ -65,6 +65,12 @@ def test_more_than_32_candidates_are_refused_32_are_fine():
     ({"name": "a", "sglang_launch_args": {"port": 31000}}, "must not set port: gpufleet renders --port from "
                                                            "sglang_port"),
     ({"name": "a", "sglang_launch_args": {"api-key": "s3cret"}}, "must not set api-key: the key would show"),
+    ({"name": "a", "sglang_launch_args": {"api-ke": "s3cret"}}, "must not set api-ke (SGLang's parser reads it as "
+                                                              "--api-key): the key would show"),
+    ({"name": "a", "sglang_launch_args": {"admin-api-k": "s3cret"}}, "reads it as --admin-api-key): the key"),
+    ({"name": "a", "sglang_launch_args": {"ho": "0.0.0.0"}}, "must not set ho (SGLang's parser reads it as --host): "
+                                                            "gpufleet renders --host from sglang_host"),
+    ({"name": "a", "sglang_launch_args": {"po": 1}}, "gpufleet renders --port from sglang_port"),
     ({"name": "a", "sglang_launch_args": EAGLE2, "note": 3}, "candidate 1 (a): note is a number; give text"),
 ])
 def test_each_bad_candidate_gets_one_clear_message(entry, words):
@@ -489,3 +495,14 @@ def test_the_filters_in_a_playbook(tmp_path):
     assert got["lines"][0] == "round 1/4 baseline (repeat 1/2): FAILED: restart failed"
     assert got["summary"] == {"median": 2.0, "min": 1.0, "max": 3.0, "runs": [1.0, 3.0, 2.0]}
     assert got["table"] == tune.table(got["report"])
+
+
+def test_candidates_with_values_a_profile_holds_pass_and_others_are_refused_before_any_restart():
+    # sglang_argv renders a mapping as JSON: the winner's profile holds it (profile.check_profile agrees).
+    rope = {"name": "rope", "sglang_launch_args": {"json-model-override-args": {"rope_scaling": {"factor": 2}}}}
+    assert tune.check_candidates([rope]) == []
+    # a value render_profile would refuse after every restart is refused now, naming the candidate
+    for value in ([[8]], [True], {"a": {"b"}}):
+        problems = tune.check_candidates([{"name": "odd", "sglang_launch_args": {"lora-paths": value}}])
+        assert len(problems) == 1 and problems[0].startswith("candidate 1 (odd): sglang_launch_args.lora-paths must "
+                                                             "be a value, a mapping"), problems

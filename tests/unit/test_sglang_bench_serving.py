@@ -133,6 +133,7 @@ CLIENT = textwrap.dedent("""
     n = int(args["--num-prompts"])
     ok = os.environ.get("OPENAI_API_KEY") == os.environ.get("BENCH_DOUBLE_EXPECT")
     print("server_info={'api_key': %r}" % os.environ.get("OPENAI_API_KEY"))
+    print("hub token in use: %s" % os.environ.get("HF_TOKEN"))
     with open(os.environ["BENCH_DOUBLE_SEEN"], "w") as fh:
         json.dump({"argv": sys.argv, "tmpdir": os.environ.get("TMPDIR")}, fh)
     line = {"completed": n if ok else 0, "output_throughput": 101.5, "total_throughput": 203.0,
@@ -246,3 +247,22 @@ def test_main_without_sglang_says_so(capsys):
 def test_main_refuses_bad_numbers(capsys):
     result, _ = run_main({"python": sys.executable, "url": "http://h:1", "num_prompts": 0}, capsys)
     assert result["failed"] and result["msg"] == "num_prompts must be at least 1 (got 0)"
+
+
+def test_main_returns_no_env_value_and_hides_a_credentials_value(double, server, capsys):
+    token = "hf_gpufleetBenchToken42"
+    env = dict(double, HF_TOKEN=token, HF_HUB_OFFLINE="1")
+    result, out = run_main({"python": sys.executable, "url": server, "api_key": KEY, "num_prompts": 3, "env": env},
+                           capsys)
+    assert not result.get("failed"), result
+    shown = result["invocation"]["module_args"]["env"]
+    assert sorted(shown) == sorted(env) and set(shown.values()) == {"********"}
+    assert token not in out and double["BENCH_DOUBLE_SEEN"] not in out
+    # a short value such as HF_HUB_OFFLINE=1 does not mask the figures (what no_log on env would do)
+    assert result["output_tok_s"] == 101.5 and result["completed"] == 3
+    # the client's output echoing the token: the failure's tail and message do not hold it
+    env["BENCH_DOUBLE_EXPECT"] = "another-key"
+    result, out = run_main({"python": sys.executable, "url": server, "api_key": KEY, "tokenizer": "/m",
+                            "num_prompts": 2, "env": env}, capsys)
+    assert result["failed"] and "hub token in use: " in result["output_tail"]
+    assert token not in out and KEY not in out
