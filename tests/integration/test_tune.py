@@ -401,10 +401,10 @@ def test_a_failed_end_restart_fails_the_run_and_says_what_the_canary_serves(benc
     # and it is true: the server that serves is the candidate's launch (argv), its workers carry the NCCL values
     pid = server_pid(lab, host)
     assert pid and lab.wait_http(host, timeout_s=10) == 200
-    record = _launch_record(lab, host)
-    assert record["pid"] == pid, record
-    argv = record["argv"]
+    # the rollback relaunched the last verified launch (the launch record's argv, the candidate's) ...
+    argv = _launch_record(lab, host)["argv"]
     assert argv[argv.index("--speculative-num-steps") + 1] == "5" and "--trust-remote-code" not in argv, argv
+    # ... and the server that serves parsed those flags (its last server_args line: the last start)
     log = lab.exec(host, ["cat", "%s/sglang.log" % lab.host_vars(host)["sglang_state_dir"]], check=True).stdout
     parsed = [line for line in log.splitlines() if "server_args=ServerArgs(" in line][-1]
     assert "speculative_num_steps=5," in parsed, parsed
