@@ -16,6 +16,9 @@ gpufleet_tune_summarize = tune.summarize
 gpufleet_tune_round_result = tune.round_result
 gpufleet_tune_table = tune.table
 gpufleet_tune_progress_line = tune.progress_line
+gpufleet_tune_check_settings = tune.check_settings
+gpufleet_tune_serving_after = tune.serving_after
+gpufleet_tune_end_failure = tune.end_failure
 
 
 def gpufleet_tune_report(rounds, candidates, baseline_values, metric):
@@ -38,5 +41,8 @@ class FilterModule(object):
             "gpufleet_tune_round_result": gpufleet_tune_round_result,
             "gpufleet_tune_report": gpufleet_tune_report,
             "gpufleet_tune_table": gpufleet_tune_table,
+            "gpufleet_tune_check_settings": gpufleet_tune_check_settings,
+            "gpufleet_tune_serving_after": gpufleet_tune_serving_after,
+            "gpufleet_tune_end_failure": gpufleet_tune_end_failure,
             "gpufleet_tune_progress_line": gpufleet_tune_progress_line,
         }

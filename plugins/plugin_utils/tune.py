@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_nccl_plan import PatchError, normalise_env
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import SGLANG_SECRET_FLAGS, inventory_flag
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils import profile
 
 # Metric -> which way is better. *_tok_s: SGLang bench_serving's output tokens per second (single stream: max
 # concurrency 1; throughput: at gpufleet_tune_concurrency); *_ms: median time to first token / inter-token latency
@@ -444,6 +445,7 @@ def table(result):
     stays), the name, each metric as ``median (min-max)`` (the report's numbers), ok, and the note."""
     winner = result.get("winner")
     head = "tune: the winner on %s is %s\nwhy: %s" % (result.get("metric"), winner, result.get("reason", ""))
+    head += serving_line(result)
     columns = ["", "candidate"] + [_HEADERS[m] for m in METRICS] + ["ok", "note"]
     rows = []
     for entry in result.get("candidates") or []:
@@ -481,3 +483,83 @@ def progress_line(round, total, result):  # pylint: disable=redefined-builtin
     return "%s: %s tok/s single stream, %s tok/s%s, TTFT %s ms, ITL %s ms" % (
         where, fmt("single_stream_tok_s", "%.1f"), fmt("throughput_tok_s", "%.1f"), at, fmt("ttft_ms", "%.0f"),
         fmt("itl_ms", "%.1f"))
+
+
+# The run's settings, checked before the canary is touched, and what the canary serves after each restart.
+COUNTS = ("gpufleet_tune_repeats", "gpufleet_tune_concurrency", "gpufleet_tune_num_prompts",
+          "gpufleet_tune_input_len", "gpufleet_tune_output_len")
+_DIGITS = re.compile(r"^\s*[0-9]+\s*\Z")
+
+
+def check_settings(settings, canary):
+    """Problems (a list of strings, empty when fine) of the run's settings ``settings`` (a mapping of the
+    ``gpufleet_tune_*`` variables given; an absent or null one is left to the role's default): each of
+    :data:`COUNTS` an integer >= 1 (an int, or digits as ``-e key=value`` gives them), ``gpufleet_tune_metric`` a key
+    of :data:`METRICS`, ``gpufleet_tune_profile`` a profile name (plugins/plugin_utils/profile.py's NAME); when it
+    is not given, the role's default ``tune-<canary>`` is checked, ``canary`` being the canary's inventory name."""
+    settings = settings if isinstance(settings, Mapping) else {}
+    problems = []
+    for key in COUNTS:
+        value = settings.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, str) and _DIGITS.match(value))) \
+                or int(value) < 1:
+            problems.append("%s must be an integer of 1 or more, got %r" % (key, value))
+    metric = settings.get("gpufleet_tune_metric")
+    if metric is not None and metric not in METRICS:
+        problems.append("gpufleet_tune_metric must be one of %s, got %r" % (", ".join(METRICS), metric))
+    name = settings.get("gpufleet_tune_profile")
+    default = name is None
+    if default:
+        name = "tune-%s" % canary
+    # profile.NAME (anchored with \\Z) judges the name; a trailing newline is refused in any case.
+    if not isinstance(name, str) or not profile.NAME.match(name) or name.endswith("\n"):
+        problems.append("gpufleet_tune_profile %r%s is not a profile name (%s): it names the winner's profile file%s"
+                        % (name, " (the default, tune-<canary>)" if default else "", profile.NAME.pattern,
+                           "; name one with -e gpufleet_tune_profile=NAME" if default else ""))
+    return problems
+
+
+def serving_after(previous, name, verified, rollback):
+    """The entry name the canary serves after one restart of the run to entry ``name``, or None when unknown.
+
+    ``verified``: the restart verified (the canary serves ``name``). After a failed restart, ``previous`` (what the
+    canary served before it: this run's last verified launch, or None when unknown) when restart_host.yml's rollback
+    relaunched the last verified launch or had nothing to undo (``rollback``: its ``_gpufleet_rollback``, state
+    ``rolled_back`` or ``not_needed``; None: the restart failed before restart_host.yml, in its preflight, which
+    changes nothing); after any other rollback state (failed, file_only) None: no server is known to serve."""
+    if verified:
+        return name
+    if rollback is None:
+        return previous
+    state = rollback.get("state") if isinstance(rollback, Mapping) else None
+    return previous if state in ("rolled_back", "not_needed") else None
+
+
+def serving_line(result):
+    """The table's line on what the canary serves at the end, when the report's ``serving`` is not its winner
+    (empty when it is, or when the report has no ``serving``)."""
+    if not isinstance(result, Mapping) or "serving" not in result or result.get("serving") == result.get("winner"):
+        return ""
+    serving = result.get("serving")
+    if serving is None:
+        return "\nnow: NOT the winner: no server of this run is known to serve on the canary (see the restart row above)"
+    return "\nnow: NOT the winner: the canary serves %s" % serving
+
+
+def end_failure(host, winner, serving):
+    """The message that fails a tune run whose restart to the winner ``winner`` failed at its end, saying what the
+    canary ``host`` serves: ``serving`` as :func:`serving_after` gave it after the end's restarts (the baseline
+    after a restart with it worked; the run's last verified launch put back by a rollback; None: unknown)."""
+    text = "The restart of %s to the winner %s failed (see the restart's messages above)" % (host, winner)
+    if winner != BASELINE:
+        text += "; the restart with its baseline %s" % ("worked" if serving == BASELINE else "failed too")
+    if serving == BASELINE:
+        text += ": the canary serves its baseline (its own values)"
+    elif serving is not None:
+        text += ": the canary serves %s (this run's last verified launch, put back by the rollback)" % serving
+    else:
+        text += ": no server of this run is known to serve on the canary (see the rollback above)"
+    return text + ". The report (serving: %s) and the table say so; no profile was saved." % (
+        "null" if serving is None else serving)

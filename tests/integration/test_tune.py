@@ -343,3 +343,90 @@ def test_values_pinned_by_extra_vars_are_refused_before_the_canary_is_touched(la
     assert server_pid(lab, host) == before
     assert not lab.events(runner, "runner_on_ok", "sglang_stop")
     assert not lab.events(runner, "runner_on_ok", "sglang_bench_serving")
+
+
+def _launch_record(lab, host):
+    res = lab.exec(host, ["cat", "%s/launch.json" % lab.host_vars(host)["sglang_state_dir"]])
+    return json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}
+
+
+@pytest.mark.lab_only_once
+def test_a_failed_end_restart_fails_the_run_and_says_what_the_canary_serves(bench_lab, tmp_path):
+    # The baseline stays (the candidate is 12 tok/s slower, no noise) and the candidate's round ran last, so the end
+    # restarts the canary to the baseline. Once the baseline's round has launched, a knob makes every start whose
+    # argv holds --trust-remote-code (the baseline's, not the candidate's: it removes the flag) crash: the end restart
+    # fails and its rollback puts back the last verified launch, the candidate's. The run must fail and say so.
+    import threading
+    lab = bench_lab
+    host = lab.hosts[-1]
+    before = ensure_serving(lab, host)
+    lab.fault(host, perf_noise=0)
+    report_path = str(tmp_path / "tune.json")
+    slow = {"name": "slow", "sglang_launch_args": {"speculative-num-steps": 5, "trust-remote-code": None}}
+    stop, armed = threading.Event(), []
+
+    def arm():  # the baseline's round launched and verified (a new launch record): arm the crash
+        while not stop.is_set():
+            record = _launch_record(lab, host)
+            if record.get("pid") not in (None, before) and "--trust-remote-code" in record.get("argv", []):
+                lab.fault(host, perf_noise=0, crash_with_arg="--trust-remote-code")
+                armed.append(record["pid"])
+                return
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=arm, daemon=True)
+    watcher.start()
+    try:
+        runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, **dict(SHORT, gpufleet_tune_repeats=1),
+                                                           target=host, gpufleet_tune_candidates=[slow],
+                                                           gpufleet_tune_report=report_path,
+                                                           gpufleet_tune_bench_env=OFFLINE))
+    finally:
+        stop.set()
+        watcher.join(10)
+        lab.clear_faults(host)
+    out = stdout_of(runner)
+    assert armed, out[-6000:]
+    assert runner.status == "failed", out[-6000:]
+    assert re.findall(r"round 1/2 baseline .*tok/s", out) and re.findall(r"round 2/2 slow .*tok/s", out), out[-6000:]
+    with open(report_path) as handle:
+        report = json.load(handle)
+    assert report["winner"] == "baseline" and report["serving"] == "slow", report
+    assert "serves its own values" not in out
+    assert ("The restart of %s to the winner baseline failed" % host) in out, out[-6000:]
+    assert "the canary serves slow (this run's last verified launch" in out and "(serving: slow)" in out
+    assert "rolling restart stopped" not in out
+    # the table's head says it too
+    assert "now: NOT the winner: the canary serves slow" in out.split("GPUFLEET TUNE", 1)[1]
+    # and it is true: the server that serves is the candidate's launch (argv), its workers carry the NCCL values
+    pid = server_pid(lab, host)
+    assert pid and lab.wait_http(host, timeout_s=10) == 200
+    # the rollback relaunched the last verified launch (the launch record's argv, the candidate's) ...
+    argv = _launch_record(lab, host)["argv"]
+    assert argv[argv.index("--speculative-num-steps") + 1] == "5" and "--trust-remote-code" not in argv, argv
+    # ... and the server that serves parsed those flags (its last server_args line: the last start)
+    log = lab.exec(host, ["cat", "%s/sglang.log" % lab.host_vars(host)["sglang_state_dir"]], check=True).stdout
+    parsed = [line for line in log.splitlines() if "server_args=ServerArgs(" in line][-1]
+    assert "speculative_num_steps=5," in parsed, parsed
+    for env in worker_envs(lab, host).values():
+        for name, value in lab.group_vars["sglang_nccl_env"].items():
+            assert env.get(name) == str(value), (name, env)
+
+
+@pytest.mark.lab_only_once
+@pytest.mark.parametrize("settings, words", [
+    ({"gpufleet_tune_repeats": 0}, "gpufleet_tune_repeats must be an integer of 1 or more, got '0'"),
+    ({"gpufleet_tune_output_len": -1, "gpufleet_tune_metric": "tok_s"}, "gpufleet_tune_metric must be one of"),
+    ({"gpufleet_tune_profile": "kimi ll"}, "gpufleet_tune_profile 'kimi ll' is not a profile name"),
+])
+def test_bad_settings_are_refused_before_the_canary_is_touched(lab, settings, words):
+    host = lab.hosts[-1]
+    before = ensure_serving(lab, host)
+    # as -e key=value gives them: strings
+    runner = lab.run_playbook(PLAYBOOK, extravars=dict(FAST, target=host, gpufleet_tune_candidates=candidates(),
+                                                       **{k: str(v) for k, v in settings.items()}))
+    out = stdout_of(runner)
+    assert runner.status == "failed", out[-4000:]
+    assert words in out and "Nothing was changed" in out, out[-4000:]
+    assert server_pid(lab, host) == before
+    assert not lab.events(runner, "runner_on_ok", "sglang_stop")

@@ -506,3 +506,58 @@ def test_candidates_with_values_a_profile_holds_pass_and_others_are_refused_befo
         problems = tune.check_candidates([{"name": "odd", "sglang_launch_args": {"lora-paths": value}}])
         assert len(problems) == 1 and problems[0].startswith("candidate 1 (odd): sglang_launch_args.lora-paths must "
                                                              "be a value, a mapping"), problems
+
+
+# --- the run's settings, what the canary serves at the end (review of issue 34, findings 1, 2, 5) ---
+
+def test_check_settings_refuses_counts_below_one_a_bad_metric_and_a_bad_profile_name():
+    assert tune.check_settings({}, "gpu-01") == []
+    assert tune.check_settings({"gpufleet_tune_repeats": "3", "gpufleet_tune_concurrency": 8,
+                                "gpufleet_tune_metric": "itl_ms", "gpufleet_tune_profile": "kimi-ll.ring_2"},
+                               "gpu-01") == []
+    for key in tune.COUNTS:
+        for bad in (0, "0", -1, "x", True, 2.5, "", [3]):
+            problems = tune.check_settings({key: bad}, "gpu-01")
+            assert len(problems) == 1 and problems[0].startswith(key + " must be an integer of 1 or more"), (key, bad)
+    assert "gpufleet_tune_metric must be one of single_stream_tok_s" in \
+        tune.check_settings({"gpufleet_tune_metric": "tok_s"}, "gpu-01")[0]
+    for bad in ("kimi ll", "tune-x\n", "-x", "a/b", 7):
+        assert "is not a profile name" in tune.check_settings({"gpufleet_tune_profile": bad}, "gpu-01")[0], bad
+    # not given: the role's default tune-<canary>, e.g. an IPv6 inventory name
+    got = tune.check_settings({"gpufleet_tune_profile": None}, "fd00::1")
+    assert len(got) == 1 and "'tune-fd00::1' (the default, tune-<canary>)" in got[0] and "-e gpufleet_tune_profile" in got[0]
+    assert len(tune.check_settings({"gpufleet_tune_repeats": 0, "gpufleet_tune_metric": "x"}, "gpu-01")) == 2
+
+
+def test_serving_after_a_restart_is_the_entry_what_the_rollback_put_back_or_unknown():
+    assert tune.serving_after("baseline", "spec2", True, None) == "spec2"
+    assert tune.serving_after("spec2", "baseline", False, {"state": "rolled_back", "pid": 9}) == "spec2"
+    assert tune.serving_after("spec2", "baseline", False, {"state": "not_needed"}) == "spec2"
+    assert tune.serving_after("spec2", "baseline", False, None) == "spec2"  # refused in preflight: untouched
+    assert tune.serving_after("spec2", "baseline", False, {"state": "failed"}) is None
+    assert tune.serving_after("spec2", "baseline", False, {"state": "file_only"}) is None
+    assert tune.serving_after(None, "baseline", False, {"state": "rolled_back"}) is None
+
+
+def test_end_failure_says_what_the_canary_serves():
+    msg = tune.end_failure("gpu-01", "spec2", "baseline")
+    assert "to the winner spec2 failed" in msg and "the restart with its baseline worked" in msg
+    assert "the canary serves its baseline" in msg and "(serving: baseline)" in msg
+    msg = tune.end_failure("gpu-01", "spec2", "spec4")
+    assert "baseline failed too" in msg and "the canary serves spec4 (this run's last verified launch" in msg
+    msg = tune.end_failure("gpu-01", "baseline", "spec4")
+    assert "to the winner baseline failed" in msg and "restart with its baseline" not in msg
+    assert "serves spec4" in msg and "own values" not in msg
+    msg = tune.end_failure("gpu-01", "baseline", None)
+    assert "no server of this run is known to serve" in msg and "(serving: null)" in msg
+
+
+def test_the_table_says_when_the_canary_does_not_serve_the_winner():
+    result = {"baseline": "baseline", "winner": "spec2", "metric": "single_stream_tok_s", "reason": "r",
+              "candidates": []}
+    assert "now:" not in tune.table(result)
+    assert "now:" not in tune.table(dict(result, serving="spec2"))
+    lines = tune.table(dict(result, serving="baseline")).splitlines()
+    assert lines[:3] == ["tune: the winner on single_stream_tok_s is spec2", "why: r",
+                         "now: NOT the winner: the canary serves baseline"]
+    assert "no server of this run is known to serve" in tune.table(dict(result, serving=None))
