@@ -513,8 +513,8 @@ def check_settings(settings, canary):
     default = name is None
     if default:
         name = "tune-%s" % canary
-    # profile.NAME (anchored with \Z) judges the name; a trailing newline is refused in any case.
-    if not isinstance(name, str) or not profile.NAME.match(name) or name.endswith("\n"):
+    # The profile module's own check (profile.NAME, anchored with \Z: a trailing newline is refused too).
+    if profile.check_name(name) is not None:
         problems.append("gpufleet_tune_profile %r%s is not a profile name (%s): it names the winner's profile file%s"
                         % (name, " (the default, tune-<canary>)" if default else "", profile.NAME.pattern,
                            "; name one with -e gpufleet_tune_profile=NAME" if default else ""))
