@@ -338,6 +338,24 @@ def end_workers(workers, kill=os.kill):
             pass
 
 
+def forget_closed_workers(workers):
+    """Put None in place of each closed process object in ``workers`` (the TaskQueueManager's list, shared with the
+    strategy), in place. ansible-core's strategy closes a finished worker and only then puts the next one in its
+    slot; a signal that lands between the two leaves the closed one there, and ansible-core's own signal handler
+    and cleanup call ``is_alive()`` on it, which raises ValueError: the run ended rc 250, "Unexpected Exception"
+    (seen in CI), not 99. A closed process has nothing left to tell or wait for. Returns how many were put aside."""
+    forgotten = 0
+    for index, worker in enumerate(workers):
+        if worker is None:
+            continue
+        try:
+            worker.is_alive()
+        except ValueError:  # "process object is closed"
+            workers[index] = None
+            forgotten += 1
+    return forgotten
+
+
 def _is_tqm_handler(handler):
     """True for ansible-core's TaskQueueManager._signal_handler (a bound method of the run's TaskQueueManager)."""
     return getattr(getattr(handler, "__func__", None), "__name__", "") == "_signal_handler" and \
@@ -369,6 +387,7 @@ def install_cancel_handlers(on_signal, signals=(signal.SIGTERM, signal.SIGINT)):
             os.kill(os.getpid(), signum)
             return
         signal.signal(signum, signal.SIG_DFL)  # a second one ends the process at once
+        forget_closed_workers(getattr(getattr(previous[signal.SIGINT], "__self__", None), "_workers", None) or [])
         on_signal(signum)
         previous[signal.SIGINT](signal.SIGINT, frame)  # tells the workers; raises KeyboardInterrupt
         raise KeyboardInterrupt()

@@ -1,6 +1,8 @@
 """plugins/callback/gpufleet_summary.py: rows for every targeted host, the printed summary, progress lines,
 and silence under machine-readable stdout callbacks."""
+import multiprocessing
 import pathlib
+import time
 
 import pytest
 
@@ -430,10 +432,12 @@ class TaskQueueManager:
 
     def __init__(self):
         self.calls = []
+        self._workers = []
 
     def _signal_handler(self, signum, frame):
         import signal
         self.calls.append(signum)
+        assert not any(w is not None and w._closed for w in self._workers)  # as ansible-core's is_alive() loop
         if signum == signal.SIGINT:
             raise KeyboardInterrupt()
         raise AssertionError("ansible-core's SIGTERM path (kill itself) must not run")
@@ -456,11 +460,18 @@ def test_sigterm_takes_ansible_cores_ctrl_c_path_and_starts_the_bound(monkeypatc
         signal.signal(signal.SIGINT, tqm._signal_handler)
         previous = cb.install_cancel_handlers(seen.append)
         assert set(previous) == {signal.SIGTERM, signal.SIGINT}
+        # the signal lands as the strategy has closed a finished worker and not yet put the next in its slot
+        closed = multiprocessing.get_context("fork").Process(target=int)
+        closed.start()
+        closed.join()
+        closed.close()
+        tqm._workers[:] = [None, closed]
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGTERM)
             for _ in range(100):
                 threading.Event().wait(0.01)
         assert seen == [signal.SIGTERM] and tqm.calls == [signal.SIGINT]  # the workers are told as on Ctrl-C
+        assert tqm._workers == [None, None]  # ansible-core's cleanup loop (is_alive on each) no longer raises
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # a second SIGTERM ends it at once
     finally:
         for signum, handler in saved.items():
@@ -514,6 +525,24 @@ def test_a_cancel_whose_interrupt_was_lost_is_raised_again_at_the_next_task_or_r
 
 
 STOP_RESULT = {"signalled": [{"pid": 20, "signals": ["SIGTERM"]}], "main_pid": 20, "stop_ms": 900}
+
+
+def test_closed_workers_are_put_aside_and_live_or_unstarted_ones_kept():
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    live, unstarted, closed = ctx.Process(target=time.sleep, args=(5,)), ctx.Process(target=int), ctx.Process(target=int)
+    live.start()
+    closed.start()
+    closed.join()
+    closed.close()
+    try:
+        workers = [live, None, closed, unstarted]
+        assert cb.forget_closed_workers(workers) == 1
+        assert workers == [live, None, None, unstarted]
+        assert cb.forget_closed_workers(workers) == 0
+    finally:
+        live.terminate()
+        live.join()
 
 
 def test_the_bound_tells_the_workers_still_alive_to_end():
