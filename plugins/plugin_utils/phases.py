@@ -12,16 +12,17 @@ import math
 from collections.abc import Mapping
 
 # restart.yml's phases of one host, in the order it goes through them: preflight (its own play, before any host
-# is touched), the restart lock, the NCCL patch of engine.py (before the stop), the stop, the GPU memory wait, the
+# is touched), the weight prefetch (read-only: the new launch's files into the page cache, before the lock), the
+# restart lock, the NCCL patch of engine.py (before the stop), the stop, the GPU memory wait, the
 # launch, the verification. ``rollback`` is no step of that order: the failure path of stop..verify.
-RESTART_PHASES = ("preflight", "lock", "patch", "stop", "wait", "launch", "verify")
+RESTART_PHASES = ("preflight", "prefetch", "lock", "patch", "stop", "wait", "launch", "verify")
 PHASES = RESTART_PHASES + ("rollback",)
 # The phases a host is out of service in (from the stop until verify passes or a rollback served again).
 OUTAGE_PHASES = ("stop", "wait", "launch", "verify")
 
 # Role → phase (the roles of restart.yml's steps).
 PHASE_OF_ROLE = {
-    "sglang_preflight": "preflight", "sglang_stop": "stop", "gpu_memory_wait": "wait",
+    "sglang_preflight": "preflight", "sglang_prefetch": "prefetch", "sglang_stop": "stop", "gpu_memory_wait": "wait",
     "sglang_nccl_patch": "patch", "sglang_launch": "launch", "sglang_verify": "verify",
 }
 # Task files of sglang_launch that are no launch: the rollback is its own phase; the launch record and the launch
@@ -99,6 +100,9 @@ def unreachable_advice(phase, host=None, state_dir=None, lease_s=None, start_wit
         started = start.get("pid") if _true(start.get("started")) else None
     if phase == "preflight":
         return "nothing was changed on this host: check ssh, then rerun"
+    if phase == "prefetch":
+        return ("nothing was changed on this host (the prefetch only reads the new launch's weight files): check ssh, "
+                "then rerun")
     if phase == "lock":
         return "nothing was stopped; a lock taken frees itself when its lease ends: check ssh, then rerun"
     if phase == "patch":
@@ -152,6 +156,8 @@ RERUN_AFTER_CUT = ("rerun playbooks/restart.yml -e target={host} (playbooks/chec
                    "host now)")
 CUT_SHORT_IN = {
     "preflight": "{word} in preflight: nothing was changed on this host (untouched)",
+    "prefetch": ("{word} in the weight prefetch, before the lock: nothing was changed on this host (untouched; the "
+                 "prefetch only reads); " + RERUN_AFTER_CUT),
     "lock": "{word} before the patch: nothing was stopped, the old server still serves; " + RERUN_AFTER_CUT,
     "patch": ("{word} in the patch, before the stop: the old server still serves (engine.py may already carry "
               "the new NCCL block, used from the next start); " + RERUN_AFTER_CUT),

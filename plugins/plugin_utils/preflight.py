@@ -8,7 +8,7 @@ from roles/sglang_preflight. The messages are the ones the role wrote in Jinja b
 
 ``judge(read, settings)`` -> ``{"problems": [str], "notes": [str], "server_ran": bool|None,
 "gpu_baseline_mib": {gpu: MiB}, "server_gpus": {"gpus", "world_size", "env"}, "stop_preview": dict,
-"refusal": str|None, "fail_msg": [str]}``
+"model_paths": [str], "refusal": str|None, "fail_msg": [str]}``
 
 ``read``: ``args``, ``patch`` (the call that gathered ``sglang``), ``launcher``, ``model_paths``, ``gpu``,
 ``stop_preview``, ``host`` (the call that gathered ``host``), ``patch_access`` (sglang_host_info as the patch's
@@ -416,7 +416,8 @@ def judge(reads, settings):
         if refused:
             return {"problems": refused, "notes": [], "server_ran": None, "gpu_baseline_mib": {},
                     "server_gpus": {"gpus": [], "world_size": s["world_size"], "env": s["server_env"]},
-                    "stop_preview": {}, "refusal": refusal_line(refused), "fail_msg": fail_msg(refused, s)}
+                    "stop_preview": {}, "model_paths": [], "refusal": refusal_line(refused),
+                    "fail_msg": fail_msg(refused, s)}
     read = merge_reads(reads)
     args, patch = read.get("args") or {}, read.get("patch") or {}
     host, gpu, stop_preview = read.get("host") or {}, read.get("gpu") or {}, read.get("stop_preview") or {}
@@ -454,6 +455,8 @@ def judge(reads, settings):
         "gpu_baseline_mib": baseline,
         "server_gpus": {"gpus": after.get("gpus") or [], "world_size": s["world_size"], "env": s["server_env"]},
         "stop_preview": stop_preview,
+        # The model paths as SGLang's parser resolved them (hub ids too): what the weight prefetch reads.
+        "model_paths": [m["value"] for m in model_paths if isinstance(m.get("value"), str)],
         "refusal": refusal_line(problems),
         "fail_msg": fail_msg(problems, s),
     }

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.phases import (
     CUT_SHORT_IN, RERUN_AFTER_CUT, unreachable_advice)
+from ansible_collections.gpufleet.fleet.plugins.plugin_utils.prefetch import cell as prefetch_cell
 
 
 def cut_short(phase, host, word="cancelled", seen=None, lock=None):
@@ -138,7 +139,8 @@ def outage_so_far(seen, now):
 
 # The summary row's keys (playbooks/restart.yml, the gpufleet_summary callback, AWX's gpufleet_restart).
 ROW_KEYS = ("host", "result", "phase", "cause", "advice", "rollback", "downtime_s", "still_down",
-            "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
+            "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid", "prefetch_gib", "prefetch_s",
+            "resident_pct")
 
 
 def summary_rows(hosts, result, cause="", phase=None, advice=None):
@@ -216,7 +218,8 @@ def restart_row(facts):
     run_id, controller, started, started_epoch (host epoch s)): on a host where no server ran, the note says
     that run most likely left it down, and since when at most; ``foreign_gpu_mib`` (``{GPU index: MiB}`` held by
     processes no GPU list names while the old server ran, preflight's baseline): the advice names it when the run
-    stopped the server.
+    stopped the server; ``prefetch`` (role sglang_prefetch's outcome, :func:`prefetch.outcome`: ``prefetch_gib``,
+    ``prefetch_s``, ``resident_pct``, ``prefetch_note``): its figures go into the row, its note into the advice.
 
     Returns a mapping with ``ROW_KEYS``: ``result`` ok|check|failed|rolled_back|refused; ``phase``; ``cause``;
     ``advice`` (what to do next; on a row that is ok, only a note: "no server ran before this run ..." when
@@ -346,6 +349,13 @@ def restart_row(facts):
                 "them (%s): the wait after the stop waited for the server's own memory only"
                 % ", ".join("GPU %s: %s MiB" % kv for kv in sorted(foreign.items(), key=lambda kv: int(kv[0]))))
         row["advice"] = "%s; %s" % (row["advice"], note) if row["advice"] else note
+    # The weight prefetch (before the lock): its figures, and a note when it left part of the weights cold.
+    pre = f.get("prefetch") if isinstance(f.get("prefetch"), Mapping) else {}
+    for key in ("prefetch_gib", "prefetch_s", "resident_pct"):
+        row[key] = _num(pre.get(key))
+    if pre.get("prefetch_note"):
+        note = _one_line(pre["prefetch_note"], 400)
+        row["advice"] = "%s; %s" % (row["advice"], note) if row["advice"] else note
     # Nothing ran before this run: no memory was released, whatever the wait's first poll took.
     row["release_wait_ms"] = _num(f.get("release_wait_ms")) if was_serving else None
     row["tokens_per_s"] = _num(f.get("tokens_per_s"))
@@ -424,10 +434,12 @@ def gpufleet_summary_table(rows):
     """Fixed-width summary of a restart run: one line per host.
 
     ``rows``: list of mappings with ``host``, ``result`` (ok|failed|skipped), ``downtime_s`` (s, stop start →
-    ready), ``release_wait_ms`` (ms), ``tokens_per_s`` (output tokens/s or None), ``nccl`` (ok|fail|-),
+    ready), ``release_wait_ms`` (ms), ``prefetch`` (from ``prefetch_gib``, ``prefetch_s``, ``resident_pct``:
+    ``8.0G/4.3s/100%``), ``tokens_per_s`` (output tokens/s or None), ``nccl`` (ok|fail|-),
     ``old_pid``, ``new_pid``. Missing values print as ``-``.
     """
-    header = ("host", "result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl", "old_pid", "new_pid")
+    header = ("host", "result", "downtime_s", "release_wait_ms", "prefetch", "tokens_per_s", "nccl", "old_pid",
+              "new_pid")
     lines = [header]
     for row in rows or []:
         lines.append((
@@ -435,6 +447,7 @@ def gpufleet_summary_table(rows):
             _cell(row.get("result")),
             _cell(row.get("downtime_s"), "%.1f"),
             _cell(row.get("release_wait_ms"), "%d"),
+            prefetch_cell(row),
             _cell(row.get("tokens_per_s"), "%.1f"),
             _cell(row.get("nccl")),
             _cell(row.get("old_pid")),

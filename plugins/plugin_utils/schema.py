@@ -90,6 +90,12 @@ TUNABLES = {
     "sglang_verify_burst_concurrency": Range(1, 64, unit="requests"),
     "sglang_verify_burst_max_new_tokens": Range(1, 65536, unit="tokens"),
     "sglang_verify_burst_timeout_s": Range(0, _HOUR_S),
+    # The weight prefetch (role sglang_prefetch): 0 MiB of reserve keeps only the kernel's watermarks free; a rate
+    # of 0 is no rate bound; 16 TiB is past any host's memory, 1 TiB/s past any disk.
+    "sglang_prefetch_reserve_mib": Range(0, 16 * 1048576, zero_ok=True),
+    "sglang_prefetch_rate_mib_s": Range(0, 1048576, zero_ok=True, unit="MiB/s"),
+    "sglang_prefetch_timeout_s": Range(0, _DAY_S),
+    "sglang_prefetch_slice_s": Range(0, _HOUR_S),
 }
 # Every range: the tunables, the port and the restart lock's seconds (a week of lease; an hour of margin), which the
 # guard checks with messages of their own.

@@ -63,7 +63,7 @@ def summary_rows(out):
     rows = {}
     for line in table[1:]:
         cells = line.split()
-        if len(cells) != 8 or cells[0].endswith(":"):
+        if len(cells) != 9 or cells[0].endswith(":"):
             break
         rows[cells[0]] = cells
     return rows

@@ -117,14 +117,14 @@ def test_systemd_env_assignment_escapes_and_validates_names():
 def test_summary_table_aligns_and_marks_missing_values():
     table = f.gpufleet_summary_table([
         {"host": "gpu-a", "result": "ok", "downtime_s": 41.234, "release_wait_ms": 830, "tokens_per_s": 1520.44,
-         "nccl": "ok", "old_pid": 10, "new_pid": 20},
+         "nccl": "ok", "old_pid": 10, "new_pid": 20, "prefetch_gib": 12.01, "prefetch_s": 8.26, "resident_pct": 99.9},
         {"host": "gpu-bb", "result": "failed", "downtime_s": None, "nccl": "fail"},
     ])
     lines = table.splitlines()
-    assert lines[0].split() == ["host", "result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl",
-                                "old_pid", "new_pid"]
-    assert lines[1].split() == ["gpu-a", "ok", "41.2", "830", "1520.4", "ok", "10", "20"]
-    assert lines[2].split() == ["gpu-bb", "failed", "-", "-", "-", "fail", "-", "-"]
+    assert lines[0].split() == ["host", "result", "downtime_s", "release_wait_ms", "prefetch", "tokens_per_s",
+                                "nccl", "old_pid", "new_pid"]
+    assert lines[1].split() == ["gpu-a", "ok", "41.2", "830", "12.0G/8.3s/99%", "1520.4", "ok", "10", "20"]
+    assert lines[2].split() == ["gpu-bb", "failed", "-", "-", "-", "-", "fail", "-", "-"]
     assert lines[1].index("41.2") == lines[0].index("downtime_s")
 
 

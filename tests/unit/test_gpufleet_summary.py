@@ -94,8 +94,8 @@ def test_render_shows_down_and_a_note_per_host_that_is_not_ok():
         {"host": "h3", "result": "not_started", "cause": "the rolling restart stopped at h2 (failed)"},
     ], table)
     lines = text.splitlines()
-    assert lines[0].split() == ["host", "result", "downtime_s", "release_wait_ms", "tokens_per_s", "nccl",
-                                "old_pid", "new_pid"]
+    assert lines[0].split() == ["host", "result", "downtime_s", "release_wait_ms", "prefetch", "tokens_per_s",
+                                "nccl", "old_pid", "new_pid"]
     assert lines[1].split()[:3] == ["h1", "ok", "9.0"] and lines[1].split()[-1] == "40"
     assert lines[2].split()[:3] == ["h2", "failed", "down:42.0"]
     assert "h2: failed in wait: GPU 3 holds 30000 MiB" in lines

@@ -54,6 +54,8 @@ def test_model_paths_missing_come_before_those_that_are_no_directory_and_hub_ids
         "--tokenizer-path /m/tok: is not a directory; copy the model there or fix sglang_launch_args"]
     assert d["notes"][0].startswith("WARNING: --speculative-draft-model-path org/draft is not a local path")
     assert pf.judge(reads(login={"model_paths": paths}), dict(SETTINGS, allow_hub_ids="true"))["notes"] == []
+    # what the weight prefetch reads: every path flag's value as SGLang's parser resolved it, hub ids too
+    assert d["model_paths"] == ["/m/tok", "/m/none", "org/draft"]
 
 
 def test_a_gpu_holder_the_wait_cannot_pass_is_refused_even_with_warn_and_names_the_settings():

@@ -10,7 +10,7 @@ from ansible_collections.gpufleet.fleet.plugins.plugin_utils import phases
 
 
 def test_the_restart_phases_come_in_the_order_a_host_goes_through_them():
-    assert phases.RESTART_PHASES == ("preflight", "lock", "patch", "stop", "wait", "launch", "verify")
+    assert phases.RESTART_PHASES == ("preflight", "prefetch", "lock", "patch", "stop", "wait", "launch", "verify")
     assert set(phases.PHASE_OF_ROLE.values()) <= set(phases.PHASES)
     assert set(phases.CUT_SHORT_IN) == set(phases.PHASES)
 
@@ -171,3 +171,13 @@ def test_property_the_plan_is_what_restart_yml_s_jinja_gave(stop, wait, slice_, 
     assert plan["min_lease_s"] == min_lease
     assert str(plan["renew_phases"]) == renew
     assert str(plan["wait_renews_when_memory_free"]) == when_free
+
+
+def test_the_prefetch_is_a_phase_before_the_lock_that_changes_nothing():
+    assert phases.phase_of_task(role="gpufleet.fleet.sglang_prefetch",
+                                task_path="/x/roles/sglang_prefetch/tasks/main.yml:9") == "prefetch"
+    assert phases.RESTART_PHASES.index("prefetch") < phases.RESTART_PHASES.index("lock")
+    assert "prefetch" not in phases.OUTAGE_PHASES
+    assert phases.unreachable_advice("prefetch", host="h1").startswith("nothing was changed on this host")
+    assert phases.CUT_SHORT_IN["prefetch"].format(word="cancelled", host="h1").startswith(
+        "cancelled in the weight prefetch, before the lock: nothing was changed on this host (untouched")

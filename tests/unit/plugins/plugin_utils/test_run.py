@@ -18,6 +18,21 @@ def test_ok_row_counts_downtime_from_stop_to_ready():
     assert set(row) == set(run.ROW_KEYS)
 
 
+def test_the_prefetch_figures_go_into_the_row_and_its_note_into_the_advice():
+    pre = {"prefetch_gib": 7.5, "prefetch_s": 3.2, "resident_pct": 60.0,
+           "prefetch_note": "prefetch stopped at the memory bound (...): 5.0 GiB left cold (...)"}
+    row = run.restart_row(dict(BASE, ready_epoch=1012.34, nccl_ok=True, prefetch=pre))
+    assert (row["prefetch_gib"], row["prefetch_s"], row["resident_pct"]) == (7.5, 3.2, 60.0)
+    assert row["result"] == "ok" and row["advice"] == pre["prefetch_note"]
+    assert run.gpufleet_summary_table([row]).splitlines()[1].split()[4] == "7.5G/3.2s/60%"
+    # a failed host keeps its advice first; the note follows it
+    failed = run.restart_row(dict(BASE, failed_phase="launch", failed_cause="crashed", prefetch=pre))
+    assert failed["advice"].endswith("; " + pre["prefetch_note"]) and failed["prefetch_gib"] == 7.5
+    # no prefetch (disabled, or --tags): nothing in the row
+    row = run.restart_row(dict(BASE, ready_epoch=1012.34, nccl_ok=True))
+    assert row["prefetch_gib"] is row["resident_pct"] is row["advice"] is None
+
+
 def test_downtime_comes_from_the_targets_clock_when_stop_and_ready_times_are_known():
     # The target's SIGTERM and first-ready times win over the controller's task boundaries (and their skew).
     row = run.restart_row(dict(BASE, ready_epoch=1012.34, stop_signal_epoch=5000.5,
