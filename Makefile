@@ -22,7 +22,8 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 
 setup: system-packages venv
 
-# The lab needs a real sshd and iproute2; the systemd lab (LAB_INIT=systemd, and `make test`, which runs the
+# The lab needs a real sshd, iproute2 and util-linux's fincore (page cache residency of lab weight files, issue 35;
+# Debian ships it in util-linux-extra); the systemd lab (LAB_INIT=systemd, and `make test`, which runs the
 # systemd lab tests: SYSTEMD_LAB=1) also systemd-nspawn and sudo; the check.yml HTML report test renders in
 # headless chromium (`make test`: REPORT_BROWSER=1; `make demo` does without); the metrics tests use Debian's
 # prometheus (promtool, and a real server scraping the textfile) and prometheus-node-exporter (`make test`:
@@ -37,6 +38,7 @@ system-packages:
 	 fi; need="$$need$$prom"; \
 	 command -v ip >/dev/null || need="$$need iproute2"; \
 	 command -v unshare >/dev/null || need="$$need util-linux"; \
+	 command -v fincore >/dev/null || need="$$need util-linux-extra"; \
 	 command -v ssh >/dev/null || need="$$need openssh-client"; \
 	 if [ "$(LAB_INIT)" = systemd ] || [ "$(SYSTEMD_LAB)" = 1 ]; then \
 	   test -x /usr/lib/systemd/systemd || need="$$need systemd"; \

@@ -540,3 +540,61 @@ def test_full_dev_shm_makes_the_next_start_die_with_sigbus(lab):
         assert not _workers(lab, host)
     finally:
         lab.exec(host, ["rm", "-f", "/dev/shm/lab-filler"])
+
+
+def _lab_py(lab, *argv):
+    res = subprocess.run([sys.executable, LAB_PY] + list(argv) + ["--lab-dir", lab.lab_dir], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def _shard_rss_bytes(lab, host, pid, model_dir):
+    """Bytes of Rss over the process's mappings of the shards in ``model_dir`` (/proc/<pid>/smaps on the host)."""
+    smaps = lab.exec(host, ["cat", "/proc/%d/smaps" % pid], check=True).stdout
+    rss, inside = 0, False
+    for line in smaps.splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:
+            inside = len(head) == 6 and head[5].startswith(model_dir + "/") and head[5].endswith(".safetensors")
+        elif inside and head[:1] == ["Rss:"]:
+            rss += int(head[1]) * 1024
+    return rss
+
+
+@pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
+def test_standin_reads_a_cold_checkpoint_at_start_and_keeps_it_mapped(lab):
+    """lab.py weights writes 256 MiB of safetensors cold; the stand-in (slow_load_s=0) reads every page before it
+    serves and keeps the shards mapped; lab.py weights --size-mib 0 gives the usual config.json-only dir back."""
+    host = lab.hosts[-1]
+    target = lab.host_vars(host)["sglang_launch_args"]["model-path"]
+    model = os.path.basename(target)
+    _lab_py(lab, "weights", "--host", host, "--size-mib", "256", "--shards", "2")
+    pid = None
+    try:
+        _lab_py(lab, "evict", "--host", host)
+        cold = json.loads(_lab_py(lab, "resident", "--host", host))[host][model]
+        assert cold["weight_files"] == 2 and cold["total_bytes"] > 256 << 20
+        assert cold["resident_bytes"] < 0.01 * cold["total_bytes"]
+        lab.fault(host, slow_load_s=0)
+        pid = _start(lab, host)
+        assert lab.wait_http(host, "/health_generate", 200, timeout_s=60) == 200
+        warm = json.loads(_lab_py(lab, "resident", "--host", host))[host][model]
+        assert warm["resident_bytes"] > 0.99 * cold["total_bytes"]
+        shards = sum(os.path.getsize(os.path.join(target, n)) for n in os.listdir(target) if n.endswith(".safetensors"))
+        assert _shard_rss_bytes(lab, host, pid, target) > 0.99 * shards
+        info = json.loads(lab.exec(host, [lab.host_vars(host)["sglang_python"], "-c",
+                                          "import urllib.request as u; print(u.urlopen("
+                                          "'http://%s:30000/get_server_info').read().decode())"
+                                          % lab.host_vars(host)["sglang_host"]], check=True).stdout)
+        assert (info["weights_bytes"], info["weights_files"]) == (shards, 2)
+        assert 0 < info["weights_load_s"] < 30 and info["weights_resident_before_pct"] < 1
+        with open(os.path.join(lab.host_dirs[host], "state", "standin-test.log")) as fh:
+            assert re.search(r"loaded 0\.25 GiB of weights from 2 files in [\d.]+ s \(resident before: [\d.]+ %\)",
+                             fh.read())
+    finally:
+        lab.clear_faults(host)
+        if pid:
+            _stop_standin(lab, host, pid)
+        _lab_py(lab, "weights", "--host", host, "--size-mib", "0")
+    assert sorted(os.listdir(target)) == ["config.json"]

@@ -7,6 +7,9 @@
     lab.py exec   --lab-dir DIR HOST -- ARGV...
     lab.py fault  --lab-dir DIR HOST|all KNOB=VALUE... [--clear]
     lab.py bench-deps --lab-dir DIR HOST|all [--off]
+    lab.py weights  --lab-dir DIR [--host NAME ...] --size-mib N [--model target|draft] [--shards K]
+    lab.py evict    --lab-dir DIR [--host NAME ...]
+    lab.py resident --lab-dir DIR [--host NAME ...]
 
 ``--lab-dir`` may also follow HOST (``exec HOST --lab-dir DIR -- ARGV``), or any argument before a ``--``.
 
@@ -38,6 +41,7 @@ import dcgmi_standin  # noqa: E402
 import gpusim  # noqa: E402
 import nsutil  # noqa: E402
 import systemd_host  # noqa: E402
+import weights  # noqa: E402
 
 DEFAULT_LAB_DIR = os.path.join(ROOT, ".lab")
 DEFAULT_INVENTORY_DIR = os.path.join(ROOT, "inventory", "lab")
@@ -757,6 +761,66 @@ def cmd_bench_deps(args):
     return 0
 
 
+def _weight_hosts(state, names):
+    return [host_entry(state, n) for n in names] if names else state["hosts"]
+
+
+def model_dirs(host):
+    """{model name: dir} of a lab host's two models (the inventory's model-path and speculative-draft-model-path)."""
+    return {m: os.path.join(host["dir"], "models", m) for m in (TARGET_MODEL, DRAFT_MODEL)}
+
+
+def cmd_weights(args):
+    """A real safetensors checkpoint of --size-mib MiB in each host's target (or draft) model dir, cold in the
+    page cache (weights.write_checkpoint); the same size and shards again keep the files; --size-mib 0 removes it."""
+    names = Names(args.lab_dir)
+    state = require_state(names)
+    model = TARGET_MODEL if args.model == "target" else DRAFT_MODEL
+    try:
+        for h in _weight_hosts(state, args.host):
+            got = weights.write_checkpoint(model_dirs(h)[model], args.size_mib, args.shards)
+            if args.size_mib == 0:
+                log("%s %s: %s" % (h["name"], model, "checkpoint removed" if got["changed"] else "no checkpoint"))
+            else:
+                log("%s %s: %d MiB in %d shard(s) %s (%d bytes of files, %.1f s)" % (
+                    h["name"], model, args.size_mib, args.shards, "written, cold" if got["changed"] else "kept",
+                    got["file_bytes"], got["seconds"]))
+    except (weights.WeightsError, OSError) as exc:
+        raise LabError(str(exc))
+    return 0
+
+
+def cmd_evict(args):
+    """posix_fadvise(DONTNEED) on every file of the hosts' model dirs (weights.evict): the page cache is shared
+    with every other lab and process on this machine, so never a machine-wide drop_caches."""
+    names = Names(args.lab_dir)
+    state = require_state(names)
+    for h in _weight_hosts(state, args.host):
+        files = weights.evict(list(model_dirs(h).values()))
+        log("%s: %d file(s) evicted from the page cache" % (h["name"], len(files)))
+    return 0
+
+
+def cmd_resident(args):
+    """JSON: per host and model dir, bytes in the page cache and bytes in all (util-linux fincore)."""
+    names = Names(args.lab_dir)
+    state = require_state(names)
+    out = {}
+    try:
+        for h in _weight_hosts(state, args.host):
+            out[h["name"]] = {}
+            for model, mdir in model_dirs(h).items():
+                got = weights.residency([mdir])
+                out[h["name"]][model] = {"path": mdir, "files": len(got),
+                                         "weight_files": len(weights.weight_files(mdir)),
+                                         "resident_bytes": sum(r for r, _ in got.values()),
+                                         "total_bytes": sum(t for _, t in got.values())}
+    except weights.WeightsError as exc:
+        raise LabError(str(exc))
+    sys.stdout.write(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return 0
+
+
 def lab_dir_first(argv):
     """``argv`` with every ``--lab-dir DIR`` / ``--lab-dir=DIR`` moved right after the subcommand.
 
@@ -820,6 +884,20 @@ def main(argv=None):
                                                   "local tokenizer): bench-deps HOST|all [--off]"))
     bd.add_argument("host", help="a lab host name, or all")
     bd.add_argument("--off", action="store_true", help="take them away again")
+    host_help = "a lab host name or number (repeat for several; default: every host)"
+    we = common(sub.add_parser("weights", help="write a real safetensors checkpoint into hosts' model dirs, cold "
+                                                "in the page cache (--size-mib 0 removes it)"))
+    we.add_argument("--host", action="append", help=host_help)
+    we.add_argument("--size-mib", type=int, required=True, help="MiB of tensor data in all (0: remove)")
+    we.add_argument("--model", choices=("target", "draft"), default="target",
+                    help="target: %s (model-path); draft: %s (speculative-draft-model-path)" % (
+                        TARGET_MODEL, DRAFT_MODEL))
+    we.add_argument("--shards", type=int, default=1, help="number of model-0000i-of-0000K.safetensors files")
+    ev = common(sub.add_parser("evict", help="drop the hosts' model files from the page cache "
+                                             "(posix_fadvise DONTNEED; pages a process maps stay)"))
+    ev.add_argument("--host", action="append", help=host_help)
+    rs = common(sub.add_parser("resident", help="JSON: bytes of each model dir in the page cache (fincore)"))
+    rs.add_argument("--host", action="append", help=host_help)
     args, extra = p.parse_known_args(argv)
     # argparse stops taking KNOB=VALUE after an option (fault HOST --clear slow_load_s=40): take them still.
     if extra and args.cmd == "fault" and all("=" in e and not e.startswith("-") for e in extra):
@@ -829,7 +907,8 @@ def main(argv=None):
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `lab.py status | head` ends quietly
     try:
         return {"up": cmd_up, "down": cmd_down, "status": cmd_status, "exec": cmd_exec, "fault": cmd_fault,
-                "bench-deps": cmd_bench_deps}[args.cmd](args)
+                "bench-deps": cmd_bench_deps, "weights": cmd_weights, "evict": cmd_evict,
+                "resident": cmd_resident}[args.cmd](args)
     except LabError as exc:
         die(str(exc))
 

@@ -17,7 +17,14 @@ Launched as ``<host venv python> sglang_standin.py <sglang.launch_server flags>`
 4. Spawns ``--tp-size`` workers with the multiprocessing ``spawn`` context, titled ``sglang::scheduler_TP{n}``,
    each with PDEATHSIG=SIGKILL, /dev/nvidia{n} open and ``worker_mib`` MiB registered with gpusimd on GPU n;
    plus ``sglang::detokenizer``.
-5. "Loads" for ``slow_load_s`` (default 1 s); connection refused meanwhile. Then binds HTTP on
+5. Loads the weights, when the model dirs hold any (``lab.py weights`` writes them; the default lab's hold only
+   ``config.json`` and skip this): every ``*.safetensors`` of ``--model-path`` and a local
+   ``--speculative-draft-model-path``, as SGLang's loader does (``load_weights``: ``safe_open`` over each shard
+   where ``safetensors`` and torch import, then every page read through a read-only mmap that the server keeps
+   for its life, like tensors backed by the file). Logs ``loaded N GiB of weights from K files in X s (resident
+   before: Y %)``; ``/get_server_info`` adds ``weights_load_s``, ``weights_bytes``, ``weights_files``,
+   ``weights_reader``, ``weights_resident_before_pct``. A file that is not safetensors fails the start (exit 1).
+   Then "loads" for ``slow_load_s`` more (default 1 s); connection refused all along. Then binds HTTP on
    --host/--port (a held port fails the start only now, as in SGLang), warms up (0.3 s) and serves
    ``/health`` and ``/health_generate`` (503 until warm and while shutting down), ``/get_model_info``,
    ``/get_server_info`` (``version`` = installed release), ``/model_info``, ``/server_info``, ``/v1/models``,
@@ -51,6 +58,7 @@ lives in ``$GPUFLEET_STANDIN_PERF_DIR`` (default ``<tmp>/gpufleet-standin-perf-<
 defaults.
 """
 import json
+import mmap
 import os
 import re
 import secrets
@@ -64,6 +72,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import gpusim  # noqa: E402
 import perf  # noqa: E402
+import weights  # noqa: E402
 
 DEFAULT_WORKER_MIB = 120000
 PERF_DIR_ENV = "GPUFLEET_STANDIN_PERF_DIR"  # where the start counter lives without a lab host dir (real-GPU mode)
@@ -297,6 +306,63 @@ def _add_field_flag(parser, node, seen):
 
 
 # ---------------------------------------------------------------------------------------------------
+# weights
+# ---------------------------------------------------------------------------------------------------
+def _safetensors_open():
+    """safetensors' ``safe_open`` where it can open a file here, else None. Every framework it offers needs torch
+    or numpy before it opens a file (safetensors 0.8.0: ModuleNotFoundError); numpy has no bfloat16, so only
+    torch ("pt", SGLang's framework) will do. The lab hosts' venvs have neither: they take the page walk alone."""
+    try:
+        from safetensors import safe_open
+        import torch  # noqa: F401  (imported before the clock starts: SGLang's process has it loaded already)
+    except ImportError:
+        return None
+    return safe_open
+
+
+def load_weights(model_dirs):
+    """Read every ``*.safetensors`` of ``model_dirs`` as a loader whose tensors stay backed by the file.
+
+    Per shard: the header checked (weights.read_header; a bad file raises weights.WeightsError), ``safe_open`` +
+    ``get_tensor`` of each tensor where safetensors and torch import (SGLang 0.5.23 model_loader/weight_utils.py
+    ``safetensors_weights_iterator``), then a read-only ``mmap`` of the whole file with one byte read per page, so
+    the kernel reads from disk whatever the page cache lacks, whether or not ``get_tensor`` copied. The maps are
+    returned: the caller keeps them for its life (its smaps then shows the shards resident).
+
+    Returns None when no dir holds a shard, else ``{"maps", "files", "bytes", "seconds", "reader",
+    "resident_before_pct"}`` (``resident_before_pct`` None where fincore cannot tell).
+    """
+    files = []
+    for d in model_dirs:
+        files += [f for f in weights.weight_files(d) if f not in files]
+    if not files:
+        return None
+    try:
+        got = weights.residency(files)
+        total = sum(t for _, t in got.values())
+        before = round(100.0 * sum(r for r, _ in got.values()) / total, 1) if total else 0.0
+    except (weights.WeightsError, OSError):
+        before = None
+    safe_open = _safetensors_open()
+    t0 = time.monotonic()
+    maps, size = [], 0
+    for path in files:
+        weights.read_header(path)
+        if safe_open is not None:
+            with safe_open(path, framework="pt", device="cpu") as st:
+                for name in st.keys():
+                    st.get_tensor(name)  # SGLang copies each into its GPU parameter and drops it
+        with open(path, "rb") as fh:
+            m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        for offset in range(0, len(m), mmap.PAGESIZE):
+            m[offset]
+        maps.append(m)
+        size += len(m)
+    return {"maps": maps, "files": files, "bytes": size, "seconds": time.monotonic() - t0,
+            "reader": "safetensors+mmap" if safe_open else "mmap", "resident_before_pct": before}
+
+
+# ---------------------------------------------------------------------------------------------------
 # workers
 # ---------------------------------------------------------------------------------------------------
 def hold_cuda(gpu, mib):
@@ -392,6 +458,7 @@ class Server:
         self.expected_exit = False
         self.hang_after = None  # lab fault hang_after_requests, decided once at the start (hang_after_of)
         self.speed = None  # perf.start_speed of this start, decided once the workers run
+        self.weights = None  # load_weights' result; its maps stay referenced for the life of the server
         self.answered = 0
 
     @staticmethod
@@ -522,6 +589,10 @@ class Server:
     def server_info(self):
         info = {k: v for k, v in vars(self.args).items()}
         info.update({"version": self.version, "status": "ready" if self.warm else "starting"})
+        if self.weights:
+            info.update({"weights_load_s": round(self.weights["seconds"], 3), "weights_bytes": self.weights["bytes"],
+                         "weights_files": len(self.weights["files"]), "weights_reader": self.weights["reader"],
+                         "weights_resident_before_pct": self.weights["resident_before_pct"]})
         return info
 
     def model_info(self):
@@ -748,6 +819,19 @@ class Server:
 
         return Handler
 
+    def load_weights(self):
+        dirs = [self.args.model_path, getattr(self.args, "speculative_draft_model_path", None)]
+        try:
+            self.weights = load_weights([d for d in dirs if d and os.path.isdir(d)])
+        except (weights.WeightsError, OSError) as exc:
+            log("safetensors_rust.SafetensorError: Error while deserializing header: %s" % exc)
+            self.kill_tree_and_exit(1)
+        if self.weights:
+            before = self.weights["resident_before_pct"]
+            log("loaded %.2f GiB of weights from %d files in %.2f s (resident before: %s %%)" % (
+                self.weights["bytes"] / float(1 << 30), len(self.weights["files"]), self.weights["seconds"],
+                "unknown" if before is None else "%.1f" % before))
+
     def on_sigterm(self, *_):
         self.shutting_down = True
 
@@ -770,6 +854,7 @@ class Server:
         self.spawn_workers(f)
         self.speed = self.start_speed(f)
         log("Load weight begin. (lab stand-in; sglang %s from %s)" % (self.version, self.pkg_dir))
+        self.load_weights()
         time.sleep(float(f.get("slow_load_s", DEFAULT_LOAD_S)))
         if f.get("crash_on_start"):
             log("RuntimeError: lab fault crash_on_start: scheduler failed while loading the model")

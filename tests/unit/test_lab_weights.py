@@ -1,0 +1,286 @@
+"""Lab weight files (tests/lab/weights.py), lab.py weights/evict/resident, and the stand-in's load_weights."""
+import json
+import mmap
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+import pytest
+
+LAB = os.path.join(os.path.dirname(__file__), "..", "lab")
+sys.path.insert(0, LAB)
+sys.path.insert(0, os.path.join(LAB, "standin"))
+import lab as labtool  # noqa: E402
+import sglang_standin  # noqa: E402
+import weights  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _model_dir(tmp_path, name="m"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "llama"}')
+    return str(d)
+
+
+def _page_cache_testable(path):
+    """fincore is installed and ``path`` is on a filesystem whose page cache can be emptied (not tmpfs, whose
+    pages are the files themselves)."""
+    if not shutil.which(weights.FINCORE):
+        pytest.skip("util-linux fincore is not installed (apt-get install util-linux-extra)")
+    fs = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True).stdout.strip()
+    if fs in ("tmpfs", "ramfs"):
+        pytest.skip("%s is on %s: its pages cannot leave the page cache" % (path, fs))
+
+
+def test_checkpoint_has_the_shards_index_and_exact_size_asked_for(tmp_path):
+    d = _model_dir(tmp_path)
+    got = weights.write_checkpoint(d, 3, shards=2)
+    names = sorted(os.listdir(d))
+    assert names == [".gpufleet-lab-weights.json", "config.json", "model-00001-of-00002.safetensors",
+                     "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    assert got["changed"] and got["tensor_bytes"] == 3 * MiB
+    assert got["file_bytes"] == sum(os.path.getsize(f) for f in weights.weight_files(d))
+    with open(os.path.join(d, weights.INDEX_NAME)) as fh:
+        index = json.load(fh)
+    assert index["metadata"]["total_size"] == 3 * MiB
+    seen, dtypes = {}, set()
+    for path in weights.weight_files(d):
+        tensors, metadata, _ = weights.read_header(path)
+        assert 1 < len(tensors) <= weights.TENSORS_PER_SHARD and metadata["format"] == "pt"
+        for name, entry in tensors.items():
+            seen[name] = os.path.basename(path)
+            dtypes.add(entry["dtype"])
+    assert index["weight_map"] == seen
+    assert dtypes == {"BF16", "F16"}
+
+
+def test_header_is_a_length_prefixed_json_padded_to_eight_bytes_then_random_data(tmp_path):
+    """Read without weights.read_header, byte by byte as the format's description says."""
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 1, shards=1)
+    with open(weights.weight_files(d)[0], "rb") as fh:
+        raw = fh.read()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    assert (8 + length) % 8 == 0
+    assert all(isinstance(v, str) for v in header.pop("__metadata__").values())
+    spans = sorted(tuple(e["data_offsets"]) for e in header.values())
+    assert spans[0][0] == 0 and spans[-1][1] == len(raw) - 8 - length
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    for e in header.values():
+        assert e["data_offsets"][1] - e["data_offsets"][0] == e["shape"][0] * e["shape"][1] * 2
+    data = raw[8 + length:]
+    assert len(set(data[:65536])) == 256 and data[:4096] != data[4096:8192]  # random, not a repeated block
+
+
+def test_the_safetensors_library_reads_every_shard_as_the_lab_reader_does(tmp_path):
+    safetensors = pytest.importorskip("safetensors")
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 2, shards=3)
+    for path in weights.weight_files(d):
+        tensors, _, start = weights.read_header(path)
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        got = dict(safetensors.deserialize(raw))  # validates offsets, sizes and dtypes as safe_open does
+        assert sorted(got) == sorted(tensors)
+        for name, entry in tensors.items():
+            begin, end = entry["data_offsets"]
+            assert (got[name]["dtype"], list(got[name]["shape"])) == (entry["dtype"], entry["shape"])
+            assert bytes(got[name]["data"]) == raw[start + begin:start + end]
+
+
+def test_read_header_refuses_what_is_not_a_checkpoint(tmp_path):
+    def file_with(header, data_len):
+        text = json.dumps(header).encode()
+        path = tmp_path / "bad.safetensors"
+        path.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * data_len)
+        return str(path)
+
+    cases = [
+        ({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, 6, "file at"),
+        ({"a": {"dtype": "BF16", "shape": [2], "data_offsets": [2, 6]}}, 6, "back to back"),
+        ({"a": {"dtype": "BF16", "shape": [3], "data_offsets": [0, 4]}}, 4, "expected [0, 6]"),
+        ({"a": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 4]}}, 4, "needs dtype"),
+    ]
+    for header, data_len, words in cases:
+        with pytest.raises(weights.WeightsError) as err:
+            weights.read_header(file_with(header, data_len))
+        assert words in str(err.value), str(err.value)
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(struct.pack("<Q", 1000) + b"{}")
+    with pytest.raises(weights.WeightsError, match="does not fit"):
+        weights.read_header(str(short))
+
+
+def test_the_same_request_keeps_the_files_and_another_rewrites_them(tmp_path):
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 2, shards=2)
+    first = {f: os.stat(f).st_ino for f in weights.weight_files(d)}
+    again = weights.write_checkpoint(d, 2, shards=2)
+    assert not again["changed"] and {f: os.stat(f).st_ino for f in weights.weight_files(d)} == first
+    # a shard cut short (an interrupted copy) is noticed by its size
+    with open(weights.weight_files(d)[1], "r+b") as fh:
+        fh.truncate(100)
+    assert weights.write_checkpoint(d, 2, shards=2)["changed"]
+    assert all(weights.read_header(f) for f in weights.weight_files(d))
+    regrown = weights.write_checkpoint(d, 2, shards=3)
+    assert regrown["changed"] and [os.path.basename(f) for f in weights.weight_files(d)] == [
+        "model-0000%d-of-00003.safetensors" % i for i in (1, 2, 3)]
+
+
+def test_size_zero_removes_the_checkpoint_and_leaves_config_json(tmp_path):
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 1, shards=2)
+    assert weights.write_checkpoint(d, 0)["changed"]
+    assert os.listdir(d) == ["config.json"]
+    assert not weights.write_checkpoint(d, 0)["changed"]
+
+
+def test_plan_refuses_more_shards_than_the_size_has_rows():
+    assert sum(len(s) for s in weights.plan(1, 128)) == 128  # one 8 KiB row per shard
+    with pytest.raises(weights.WeightsError, match="cannot fill 129 shards"):
+        weights.plan(1, 129)
+    with pytest.raises(weights.WeightsError, match="at least 1"):
+        weights.plan(1, 0)
+
+
+def test_a_new_checkpoint_starts_cold_and_evict_drops_one_that_was_read(tmp_path):
+    d = _model_dir(tmp_path)
+    _page_cache_testable(d)
+    weights.write_checkpoint(d, 16, shards=2)
+    files = weights.weight_files(d)
+    size = sum(os.path.getsize(f) for f in files)
+    assert sum(weights.resident_bytes(f) for f in files) <= 2 * mmap.PAGESIZE
+    for f in files:
+        with open(f, "rb") as fh:
+            while fh.read(MiB):
+                pass
+    assert sum(weights.resident_bytes(f) for f in files) >= 0.99 * size
+    evicted = weights.evict([d])
+    assert sorted(evicted) == sorted(weights.model_files(d))
+    assert sum(weights.resident_bytes(f) for f in files) <= 0.01 * size
+
+
+def test_evict_leaves_the_pages_a_process_maps(tmp_path):
+    """posix_fadvise(DONTNEED) skips mapped pages: a serving loader keeps its weights through an eviction."""
+    d = _model_dir(tmp_path)
+    _page_cache_testable(d)
+    weights.write_checkpoint(d, 8, shards=1)
+    path = weights.weight_files(d)[0]
+    with open(path, "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        for off in range(0, len(m), mmap.PAGESIZE):
+            m[off]
+        weights.evict([d])
+        assert weights.resident_bytes(path) >= 0.99 * len(m)
+    finally:
+        m.close()
+    weights.evict([d])
+    assert weights.resident_bytes(path) <= 0.01 * os.path.getsize(path)
+
+
+def _rss_of_mappings(path):
+    """kB of Rss over this process's mappings of ``path`` (/proc/self/smaps)."""
+    rss, inside = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:
+                inside = line.rstrip("\n").endswith(path)
+            elif inside and head and head[0] == "Rss:":
+                rss += int(head[1])
+    return rss
+
+
+def test_standin_load_weights_reads_every_shard_and_keeps_it_mapped(tmp_path):
+    target, draft = _model_dir(tmp_path, "target"), _model_dir(tmp_path, "draft")
+    weights.write_checkpoint(target, 4, shards=2)
+    weights.write_checkpoint(draft, 1, shards=1)
+    got = sglang_standin.load_weights([target, draft])
+    try:
+        files = weights.weight_files(target) + weights.weight_files(draft)
+        assert got["files"] == files and got["reader"] == "mmap"
+        assert got["bytes"] == sum(os.path.getsize(f) for f in files)
+        assert got["seconds"] > 0
+        for f in files:  # every page of every shard is in this process's page tables
+            assert _rss_of_mappings(f) * 1024 >= os.path.getsize(f) - mmap.PAGESIZE, f
+    finally:
+        for m in got["maps"]:
+            m.close()
+
+
+def test_standin_load_weights_skips_model_dirs_without_shards(tmp_path):
+    assert sglang_standin.load_weights([_model_dir(tmp_path), str(tmp_path / "missing")]) is None
+
+
+def test_standin_load_weights_refuses_a_broken_shard(tmp_path):
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 1, shards=1)
+    with open(weights.weight_files(d)[0], "r+b") as fh:
+        fh.truncate(4096)
+    with pytest.raises(weights.WeightsError, match="tensors end at byte"):
+        sglang_standin.load_weights([d])
+
+
+# -- lab.py weights / evict / resident against a lab state file (no namespaces needed) ------------------
+def _fake_lab(tmp_path):
+    lab_dir = tmp_path / "lab"
+    hosts = []
+    for i in (1, 2):
+        hdir = lab_dir / "hosts" / ("gpu-lab-%02d" % i)
+        for model in (labtool.TARGET_MODEL, labtool.DRAFT_MODEL):
+            (hdir / "models" / model).mkdir(parents=True)
+            (hdir / "models" / model / "config.json").write_text("{}")
+        hosts.append({"name": "gpu-lab-%02d" % i, "dir": str(hdir)})
+    (lab_dir / "lab.json").write_text(json.dumps({"hosts": hosts}))
+    return str(lab_dir), hosts
+
+
+def test_lab_weights_writes_only_the_hosts_and_model_named(tmp_path, capsys):
+    lab_dir, hosts = _fake_lab(tmp_path)
+    assert labtool.main(["weights", "--lab-dir", lab_dir, "--host", "2", "--size-mib", "2", "--model", "draft",
+                         "--shards", "2"]) == 0
+    assert "gpu-lab-02 %s: 2 MiB in 2 shard(s) written, cold" % labtool.DRAFT_MODEL in capsys.readouterr().out
+    dirs = {h["name"]: labtool.model_dirs(h) for h in hosts}
+    assert len(weights.weight_files(dirs["gpu-lab-02"][labtool.DRAFT_MODEL])) == 2
+    assert not weights.weight_files(dirs["gpu-lab-02"][labtool.TARGET_MODEL])
+    assert not weights.weight_files(dirs["gpu-lab-01"][labtool.DRAFT_MODEL])
+    labtool.main(["weights", "--lab-dir", lab_dir, "--size-mib", "0", "--model", "draft"])
+    assert "gpu-lab-02 %s: checkpoint removed" % labtool.DRAFT_MODEL in capsys.readouterr().out
+    assert not weights.weight_files(dirs["gpu-lab-02"][labtool.DRAFT_MODEL])
+
+
+def test_lab_resident_reports_each_model_dir_and_evict_empties_it(tmp_path, capsys):
+    lab_dir, hosts = _fake_lab(tmp_path)
+    _page_cache_testable(lab_dir)
+    labtool.main(["weights", "--lab-dir", lab_dir, "--host", "gpu-lab-01", "--size-mib", "4"])
+    target = labtool.model_dirs(hosts[0])[labtool.TARGET_MODEL]
+    for f in weights.weight_files(target):
+        with open(f, "rb") as fh:
+            fh.read()
+    capsys.readouterr()
+    assert labtool.main(["resident", "--lab-dir", lab_dir, "--host", "gpu-lab-01"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    entry = report["gpu-lab-01"][labtool.TARGET_MODEL]
+    assert list(report) == ["gpu-lab-01"] and entry["path"] == target and entry["weight_files"] == 1
+    assert entry["total_bytes"] == sum(os.path.getsize(f) for f in weights.model_files(target))
+    assert entry["resident_bytes"] >= 4 * MiB
+    assert labtool.main(["evict", "--lab-dir", lab_dir, "--host", "gpu-lab-01"]) == 0
+    # target: config.json, the shard, the index, the marker; draft: config.json
+    assert "gpu-lab-01: 5 file(s) evicted" in capsys.readouterr().out
+    labtool.main(["resident", "--lab-dir", lab_dir])
+    after = json.loads(capsys.readouterr().out)
+    assert sorted(after) == ["gpu-lab-01", "gpu-lab-02"]
+    assert after["gpu-lab-01"][labtool.TARGET_MODEL]["resident_bytes"] <= 0.01 * entry["total_bytes"]
+
+
+def test_lab_weights_says_what_is_wrong_with_the_size(tmp_path, capsys):
+    lab_dir, _ = _fake_lab(tmp_path)
+    with pytest.raises(SystemExit):
+        labtool.main(["weights", "--lab-dir", lab_dir, "--size-mib", "1", "--shards", "200"])
+    assert "1 MiB cannot fill 200 shards" in capsys.readouterr().err
