@@ -59,8 +59,10 @@ def outcome(first, last=None, check_mode=False):
     """What the summary row says of the prefetch, from the module's first and last results of this host.
 
     ``first``/``last``: sglang_weights_prefetch results (``last`` defaults to ``first``: one call was enough). The
-    prefetched amount is what became resident during the prefetch (``resident_after_bytes`` of the last call less
-    ``resident_before_bytes`` of the first): page cache the prefetch brought in, not bytes it read twice.
+    prefetched amount is what the whole prefetch read from storage into the page cache (``total_read_bytes`` of the
+    last call: the module counts only the part of each chunk that was not cached just before it read it); without
+    that key, what became resident (``resident_after_bytes`` of the last call less ``resident_before_bytes`` of the
+    first).
     A result that failed (``failed``, or no ``total_bytes``: the role registers with failed_when false), was
     skipped, or is missing gives only a note (or nothing).
 
@@ -86,7 +88,10 @@ def outcome(first, last=None, check_mode=False):
         return out
     before, after = _num(first.get("resident_before_bytes")), _num(last.get("resident_after_bytes"))
     total = _num(last.get("total_bytes"))
-    if not check_mode and before is not None and after is not None:
+    read = _num(last.get("total_read_bytes"))
+    if not check_mode and read is not None:
+        out["prefetch_gib"] = round(read / GIB, 2)
+    elif not check_mode and before is not None and after is not None:
         out["prefetch_gib"] = round(max(after - before, 0.0) / GIB, 2)
     seconds = _num(last.get("total_elapsed_s"))
     out["prefetch_s"] = None if check_mode or seconds is None else round(seconds, 1)

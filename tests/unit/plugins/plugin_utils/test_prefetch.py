@@ -37,6 +37,12 @@ def test_prefetched_is_what_became_resident_from_the_first_call_to_the_last():
     assert prefetch.outcome(result(resident_before_bytes=10 * GIB))["prefetch_gib"] == 0.0
 
 
+def test_what_the_prefetch_read_from_storage_is_the_figure_when_the_module_counts_it():
+    first = result(resident_after_bytes=5 * GIB, resident_pct=50.0, done=False, total_read_bytes=3 * GIB)
+    last = result(resident_before_bytes=5 * GIB, total_read_bytes=int(7.5 * GIB))
+    assert prefetch.outcome(first, last)["prefetch_gib"] == 7.5
+
+
 def test_the_memory_bound_and_the_timeout_say_how_much_was_left_cold():
     bound = {"mem_free_bytes": 9 * GIB, "watermark_bytes": GIB // 4, "reserve_bytes": 4 * GIB}
     out = prefetch.outcome(result(resident_after_bytes=6 * GIB, cold_bytes=4 * GIB, resident_pct=60.0,
