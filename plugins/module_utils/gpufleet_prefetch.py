@@ -599,7 +599,8 @@ def _result(params, files, skipped, notes, why, bound, started_at, call_start, e
     out = {
         "changed": read > 0,
         "files": [{k: v for k, v in f.items() if not k.startswith("_")} for f in files],
-        "skipped": skipped,
+        # not "skipped": a top-level "skipped" makes Ansible show the whole task as skipped
+        "skipped_paths": skipped,
         "total_bytes": total,
         "resident_before_bytes": before,
         "resident_after_bytes": after,
@@ -655,8 +656,8 @@ def _message(r, files, why, notes, params, check_mode):
     skipped = [f for f in files if f["skipped"]]
     if skipped:
         text += "; %s skipped (%s: %s)" % (_files(len(skipped)), skipped[0]["path"], skipped[0]["skipped"])
-    if r["skipped"]:
-        text += "; skipped: " + "; ".join(s["reason"] for s in r["skipped"])
+    if r["skipped_paths"]:
+        text += "; skipped: " + "; ".join(s["reason"] for s in r["skipped_paths"])
     unknown = len([f for f in files if not f["skipped"] and f["resident_before_bytes"] is None])
     if unknown:
         text += ("; residency of %s unknown (mincore tells the page cache only of files this user owns or may write: "

@@ -42,7 +42,7 @@ options:
       - "Model directories or files, absolute paths (C(sglang_launch_args) C(model-path) and
         C(speculative-draft-model-path))."
       - "A value that is not an absolute path (a Hugging Face hub id such as C(meta-llama/Llama-3.1-8B)) and a
-        missing path are reported in C(skipped), not failed."
+        missing path are reported in C(skipped_paths), not failed."
     type: list
     elements: str
     required: true
@@ -247,7 +247,7 @@ read_method:
   description: How files were read, C(read).
   returned: always
   type: str
-skipped:
+skipped_paths:
   description: Given paths skipped as a whole (not a local path, missing, not a file or directory).
   returned: always
   type: list

@@ -111,7 +111,7 @@ def outcome(first, last=None, check_mode=False):
     elif stopped_by == "timeout":
         notes.append("prefetch stopped at sglang_prefetch_timeout_s after %s s: %s left cold"
                      % (out["prefetch_s"], _gib(cold or 0)))
-    for entry in last.get("skipped") or []:
+    for entry in last.get("skipped_paths") or []:
         if isinstance(entry, Mapping):
             notes.append("prefetch skipped %s (%s)" % (entry.get("path"), entry.get("reason")))
     for entry in last.get("files") or []:

@@ -82,6 +82,8 @@ def restart(lab, host, extravars=None, check=False):
 
 
 def module(lab, host, args, check=False):
+    # ad hoc k=v arguments: a list is given comma-separated (a JSON string would be one path)
+    args = dict(args, paths=",".join(args["paths"]))
     runner = lab.run_module("gpufleet.fleet.sglang_weights_prefetch", args, hosts=host, check=check)
     for status in ("runner_on_ok", "runner_on_failed"):
         for data in lab.events(runner, status, "sglang_weights_prefetch"):

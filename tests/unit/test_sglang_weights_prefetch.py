@@ -19,12 +19,15 @@ def test_a_run_reads_the_model_and_returns_exactly_the_documented_keys(monkeypat
     r = done.result
     assert not done.failed, r
     assert set(r) - {"changed", "invocation"} == set(RETURN)
+    # Ansible reads a top-level "skipped" (or "failed", "unreachable") as the task's own status: a skipped hub id
+    # once made the whole task show SKIPPED
+    assert not {"skipped", "failed", "unreachable", "skip_reason"} & set(RETURN)
     assert set(r["bound"]) == set(RETURN["bound"]["contains"])
     assert set(r["files"][0]) == set(RETURN["files"]["contains"])
-    assert set(r["skipped"][0]) == set(RETURN["skipped"]["contains"])
+    assert set(r["skipped_paths"][0]) == set(RETURN["skipped_paths"]["contains"])
     assert r["changed"] is True and r["read_bytes"] == 4 * MIB and resident(f) == 4 * MIB
     assert [os.path.basename(x["path"]) for x in r["files"]] == ["config.json", "model-00001-of-00001.safetensors"]
-    assert r["skipped"][0]["reason"].startswith("not a local path: org/hub-id")
+    assert r["skipped_paths"][0]["reason"].startswith("not a local path: org/hub-id")
     assert r["done"] is True and r["stopped_by"] is None and r["resident_pct"] == 100.0
 
 

@@ -21,7 +21,7 @@ def test_without_preflight_the_path_flags_of_the_launch_args_are_read():
 
 def result(**kw):
     base = {"total_bytes": 10 * GIB, "resident_before_bytes": 2 * GIB, "resident_after_bytes": 10 * GIB,
-            "cold_bytes": 0, "resident_pct": 100.0, "total_elapsed_s": 4.26, "stopped_by": None, "skipped": [],
+            "cold_bytes": 0, "resident_pct": 100.0, "total_elapsed_s": 4.26, "stopped_by": None, "skipped_paths": [],
             "files": [], "done": True}
     base.update(kw)
     return base
@@ -57,7 +57,7 @@ def test_the_memory_bound_and_the_timeout_say_how_much_was_left_cold():
 def test_skipped_paths_and_files_are_named_and_a_long_list_is_cut():
     skipped = [{"path": "/nfs/m%d" % i, "reason": "on nfs4 (network filesystem)"} for i in range(5)]
     files = [{"path": "/m/x.safetensors", "skipped": "permission denied"}]
-    note = prefetch.outcome(result(skipped=skipped, files=files))["prefetch_note"]
+    note = prefetch.outcome(result(skipped_paths=skipped, files=files))["prefetch_note"]
     assert note.startswith("prefetch skipped /nfs/m0 (on nfs4 (network filesystem)); prefetch skipped /nfs/m1")
     assert note.endswith("; and 2 more") and "/m/x.safetensors" not in note
 
