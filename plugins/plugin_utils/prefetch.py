@@ -55,6 +55,12 @@ def _gib(nbytes):
     return "%.1f GiB" % (nbytes / GIB)
 
 
+def _broken(res):
+    """A failed result: the role registers with failed_when false (a failed prefetch never fails the restart), so a
+    failure shows as a result without the module's figures."""
+    return bool(res.get("failed")) or "total_bytes" not in res
+
+
 def outcome(first, last=None, check_mode=False):
     """What the summary row says of the prefetch, from the module's first and last results of this host.
 
@@ -76,13 +82,8 @@ def outcome(first, last=None, check_mode=False):
     last = last if isinstance(last, Mapping) and last else first
     if not first or first.get("skipped") is True:
         return out
-    # The role registers with failed_when false (a failed prefetch never fails the restart), so a failure shows as
-    # a result without the module's figures.
-    def broken(res):
-        return bool(res.get("failed")) or "total_bytes" not in res
-
-    if broken(first) or broken(last):
-        failed = last if broken(last) else first
+    if _broken(first) or _broken(last):
+        failed = last if _broken(last) else first
         out["prefetch_note"] = ("prefetch failed, so the launch read its weights cold: %s"
                                 % " ".join(str(failed.get("msg") or "no message").split())[:300])
         return out
@@ -100,6 +101,14 @@ def outcome(first, last=None, check_mode=False):
         pct = 100.0 * after / total
     out["resident_pct"] = None if pct is None or not total else round(pct, 1)
     notes = []
+    # mincore tells the page cache only to a file's owner or writer: the module reports the others' residency as
+    # null (and reads them whole); no share can be said for the set then.
+    unknown = [f for f in last.get("files") or [] if isinstance(f, Mapping) and not f.get("skipped")
+               and f.get("resident_after_bytes") is None]
+    if unknown:
+        out["resident_pct"] = None
+        notes.append("residency of %d file(s) unknown (mincore tells the page cache only to a file's owner or "
+                     "writer; they were read whole): set sglang_prefetch_become=true to measure it" % len(unknown))
     cold = _num(last.get("cold_bytes"))
     stopped_by = last.get("stopped_by")
     if stopped_by == "memory":

@@ -79,3 +79,14 @@ def test_a_failed_prefetch_is_a_note_and_no_figures_and_check_mode_reads_nothing
     # an empty model dir set (nothing to read): no share to speak of
     assert prefetch.outcome(result(total_bytes=0, resident_before_bytes=0, resident_after_bytes=0,
                                    resident_pct=None))["resident_pct"] is None
+
+
+def test_unknown_residency_gives_no_share_and_says_how_to_measure_it():
+    files = [{"path": "/m/a.safetensors", "skipped": None, "resident_after_bytes": None, "size_bytes": GIB},
+             {"path": "/m/config.json", "skipped": None, "resident_after_bytes": 100, "size_bytes": 100}]
+    out = prefetch.outcome(result(files=files, total_read_bytes=GIB))
+    assert out["resident_pct"] is None and out["prefetch_gib"] == 1.0
+    assert out["prefetch_note"] == ("residency of 1 file(s) unknown (mincore tells the page cache only to a file's "
+                                    "owner or writer; they were read whole): set sglang_prefetch_become=true to "
+                                    "measure it")
+    assert prefetch.cell(out) == "1.0G/4.3s/-"
