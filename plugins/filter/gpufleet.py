@@ -21,6 +21,7 @@ import re
 import socket
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import inventory_flag
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_unit_values import command_problem, systemd_setting
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.lock import gpufleet_lock_holder_gone  # noqa: F401 (re-exported) pylint: disable=unused-import
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.run import gpufleet_summary_table  # noqa: F401 (re-exported) pylint: disable=unused-import
@@ -80,9 +81,13 @@ def sglang_argv(launch_args, launcher, host="127.0.0.1", port=30000):
                                      "(e.g. 'tp-size')" % name)
         if not _FLAG_NAME.match(name):
             raise AnsibleFilterError("sglang_launch_args key %r is not an option name" % name)
-        if name.replace("_", "-") in _RESERVED_FLAGS:
-            raise AnsibleFilterError("sglang_launch_args must not contain %r: set sglang_%s instead"
-                                     % (name, name.replace("-", "_")))
+        # An abbreviation SGLang's parser takes for --host or --port (ho, por) too: the --host/--port appended
+        # below would silently win over it.
+        reserved = inventory_flag(name, _RESERVED_FLAGS)
+        if reserved:
+            raise AnsibleFilterError("sglang_launch_args must not contain %r%s: set sglang_%s instead"
+                                     % (name, "" if reserved == name.replace("_", "-") else
+                                        " (SGLang reads it as --%s)" % reserved, reserved))
         flag = "--" + name
         if value is None or value is False:
             continue

@@ -23,6 +23,7 @@ from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_gpu_memory
     baseline_text,
     unreadable_refusal,
 )
+from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_redact import SGLANG_SECRET_FLAGS, inventory_flag
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_sglang_nccl_owned import nccl_conflicts
 from ansible_collections.gpufleet.fleet.plugins.module_utils.gpufleet_unit_values import unit_value_problems
 from ansible_collections.gpufleet.fleet.plugins.plugin_utils.lock import gpufleet_lock_holder_gone
@@ -56,7 +57,6 @@ def text(value):
 
 _PORT_RE = re.compile(r"^[0-9]+$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-_KEY_FLAG_RE = re.compile(r"^(admin[-_])?api[-_]key$")
 # sglang_launch_systemd_restart values the unit may take (YAML's no is False, its str "False").
 _RESTART_POLICIES = ("no", "on-failure", "False", "false")
 _UNSET = object()
@@ -137,7 +137,8 @@ def variable_problems(v):
     if bad_names:
         out.append("sglang_nccl_env has invalid variable names %s: names must match ^[A-Za-z_][A-Za-z0-9_]*$ "
                    "(letters, digits, underscore; not starting with a digit)" % ", ".join(bad_names))
-    key_flags = [text(k) for k in launch_args if _KEY_FLAG_RE.search(text(k))] \
+    # An abbreviation SGLang's parser takes for the key flag (api-k, admin-api) puts the key on the argv just the same.
+    key_flags = [text(k) for k in launch_args if inventory_flag(text(k), SGLANG_SECRET_FLAGS)] \
         if isinstance(launch_args, dict) else []
     if key_flags:
         out.append("%s in sglang_launch_args would show the key in task output, the unit file and the argv: remove "

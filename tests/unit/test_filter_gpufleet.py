@@ -45,6 +45,9 @@ def test_argv_keeps_values_with_shell_characters_as_single_elements():
     ({"--tp-size": 8}, "without leading dashes"),
     ({"port": 1}, "sglang_port"),
     ({"host": "0.0.0.0"}, "sglang_host"),
+    # abbreviations SGLang's parser takes for them: the appended --host/--port would silently win
+    ({"ho": "0.0.0.0"}, r"'ho' \(SGLang reads it as --host\): set sglang_host instead"),
+    ({"por": 1}, r"'por' \(SGLang reads it as --port\): set sglang_port instead"),
     ({"tp size": 8}, "not an option name"),
     ({"cuda-graph-bs": [True]}, "ambiguous"),
 ])

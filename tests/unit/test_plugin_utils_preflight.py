@@ -182,6 +182,9 @@ def test_sound_variables_have_no_problem():
      "NCCL PROTO, 1X: names must match"),
     ({"sglang_launch_args": {"model-path": "/m", "api-key": "sk-1", "admin_api_key": "sk-2"}},
      "api-key, admin_api_key in sglang_launch_args would show the key in task output"),
+    # abbreviations SGLang's parser reads as the key flag (argparse allow_abbrev): the key would be on the argv
+    ({"sglang_launch_args": {"model-path": "/m", "api-k": "sk-1", "admin-api": "sk-2"}},
+     "api-k, admin-api in sglang_launch_args would show the key in task output"),
     ({"sglang_api_key": ["a", "b"]}, "sglang_api_key must be text, one bearer token; the value is not shown here"),
     ({"gpufleet_preflight_gpu_holders": "ignore"}, 'gpufleet_preflight_gpu_holders must be refuse or warn, got "ignore"'),
     ({"gpu_memory_wait_max_used_mib": -1}, 'gpu_memory_wait_max_used_mib must be a number of MiB (0 or more), got "-1"'),
