@@ -27,6 +27,16 @@ Definitions (all times Unix s on the controller clock unless noted):
   ``-m ping``), to separate Ansible's own per-host cost from the module's.
 - mitogen group: the ad-hoc ``nvidia_gpu_info`` with mitogen's ``mitogen_linear`` strategy (mitogen from
   .cache/bench-site, requirements/bench.txt) against the default strategy, alternating, warm.
+- prefetch group (issue 35; one host, a lab of 1 unless others need more): a real safetensors checkpoint of
+  PREFETCH_SIZE_MIB MiB in PREFETCH_SHARDS shards in the host's target model dir (``lab.py weights``), the
+  stand-in's ``slow_load_s`` 0 so its start is its own work plus reading them. Each run stops the server
+  (``restart.yml --tags stop,wait``: a serving stand-in maps its shards, and DONTNEED leaves mapped pages), evicts
+  the model files (``lab.py evict``: DONTNEED, never a machine-wide drop) and restarts with the prefetch off (cold)
+  or on (prefetched); start-to-ready as for start_to_ready_s_1, the read itself from ``/get_server_info``
+  (``weights_load_s``, ``weights_resident_before_pct``). One cold run before the pairs is not counted (the first
+  read after writing is the slowest: a virtual disk's host caches what was read). Cold and prefetched runs then
+  alternate (ABBA): drift in the machine's speed lands on both. Every lab host shares one page cache: one host,
+  nothing else of the bench running. The checkpoint is removed at the end.
 - module_exit group (no lab): a gpufleet module's process end, from its ``sys.exit`` (after the result is
   printed) to the parent seeing the process gone, as run directly (``python3 plugins/modules/M.py ARGS.json``),
   with the ``gc.freeze()`` of its ``__main__`` guard and, alternating, with gc.freeze made a no-op by a
@@ -107,6 +117,26 @@ KEYS = {
                                         "batch of 8 without a slow host, run right before it: what the slow "
                                         "host costs the others, apart from 8 hosts sharing this machine", None),
 }
+# The prefetch group's checkpoint (lab.py weights): a few GiB, so the read is most of a cold start.
+PREFETCH_SIZE_MIB = 3072
+PREFETCH_SHARDS = 4
+# A cold run's files must really be out of the page cache when the stand-in starts reading (its own mincore).
+PREFETCH_COLD_MAX_PCT = 1.0
+_CHECKPOINT = "%d MiB checkpoint in %d shards (lab.py weights --size-mib %d --shards %d), slow_load_s=0" % (
+    PREFETCH_SIZE_MIB, PREFETCH_SHARDS, PREFETCH_SIZE_MIB, PREFETCH_SHARDS)
+KEYS.update({
+    "start_to_ready_cold_s": ("s", "one host, %s: stand-in exec → 'fired up' (its log) after the server was stopped "
+                              "and its model files evicted (DONTNEED), restart.yml -e sglang_prefetch_enabled=false"
+                              % _CHECKPOINT, None),
+    "start_to_ready_prefetched_s": ("s", "the same with the prefetch on (restart.yml's default): it reads the evicted "
+                                    "files into the page cache before the launch", None),
+    "prefetch_start_ratio": ("×", "start_to_ready_prefetched_s ÷ start_to_ready_cold_s: value median ÷ median, "
+                             "samples the ratio of each interleaved pair", "≤ 0.7"),
+    "prefetch_s": ("s", "the prefetch phase of the prefetched runs (their summary row's prefetch_s, 0.1 s steps), "
+                   "reading the %d MiB from cold" % PREFETCH_SIZE_MIB, None),
+    "weights_cold_read_mib_s": ("MiB/s", "the disk's cold read speed in the cold runs: the stand-in's weights_bytes "
+                                "÷ weights_load_s (/get_server_info)", None),
+})
 # What each measurement group produces (--only takes keys or group names).
 GROUPS = {
     "single": ["downtime_s_1", "summary_downtime_s_1", "start_to_ready_s_1", "downtime_overhead_s_median",
@@ -122,12 +152,18 @@ GROUPS = {
     "batch8": ["batch8_fast_host_downtime_ratio", "batch8_fast_vs_even_batch_ratio"],
     "restart64": ["restart_all_at_once_64_vs_1_ratio"],
     "module_exit": ["module_exit_ms", "module_exit_ms_no_freeze"],
+    "prefetch": ["start_to_ready_cold_s", "start_to_ready_prefetched_s", "prefetch_start_ratio", "prefetch_s",
+                 "weights_cold_read_mib_s"],
 }
 # Groups that need no lab.
 NO_LAB = {"module_exit"}
-# checkplay last: after restart64 every host serves, as in a real fleet.
-ORDER = ["module_exit", "single", "preflight_ratio", "check", "scaling_info", "mitogen", "batch8", "restart64",
-         "checkplay", "checkplay_ratio"]
+# Groups that need 64 hosts; the others 8, but for those named here.
+NEEDS_64 = {"check", "scaling_info", "checkplay", "checkplay_ratio", "restart64", "mitogen"}
+GROUP_HOSTS = {"prefetch": 1}
+# checkplay last: after restart64 every host serves, as in a real fleet. prefetch before the groups that bring up
+# many servers: its reads are timed, and the machine is quietest early.
+ORDER = ["module_exit", "single", "prefetch", "preflight_ratio", "check", "scaling_info", "mitogen", "batch8",
+         "restart64", "checkplay", "checkplay_ratio"]
 # Groups whose ratio needs the single-host downtime of the same session (paired).
 NEEDS_SINGLE = {"batch8", "restart64"}
 
@@ -245,6 +281,112 @@ def batch_pair_ratio(fast, even, res, command):
     return stats([statistics.median(f) / statistics.median(e)], "×", command,
                  "one paired run: the 7 fast hosts' median %.2f s with a slow host in the batch, the batch's median "
                  "%.2f s without one" % (statistics.median(f), statistics.median(e)))
+
+
+def lab_hosts(groups):
+    """Lab size for ``groups``: 0 when none needs a lab, 64 when one needs 64 hosts, else the most any needs
+    (GROUP_HOSTS, 8 by default)."""
+    lab = [g for g in groups if g not in NO_LAB]
+    if not lab:
+        return 0
+    if NEEDS_64 & set(lab):
+        return 64
+    return max(GROUP_HOSTS.get(g, 8) for g in lab)
+
+
+def _prefetch_run_problem(run):
+    """Why a prefetch-group run gives no sample, or None."""
+    if run.get("status") != "successful":
+        return "restart.yml %s" % run.get("status")
+    if run.get("start_to_ready_s") is None:
+        return "no stand-in start reached 'fired up' in its log"
+    if run["mode"] in ("cold", "first_read"):
+        before = run.get("resident_before_pct")
+        if before is None:
+            return "the stand-in reported no weights_resident_before_pct"
+        if before > PREFETCH_COLD_MAX_PCT:
+            return "not cold: %.1f %% resident when the stand-in began to read" % before
+    return None
+
+
+def _with_note(entry, note):
+    if entry["value"] is not None and note:
+        entry["note"] = note
+    return entry
+
+
+def prefetch_keys(runs, commands):
+    """The prefetch group's entries from its runs: dicts with ``mode`` ("cold" or "prefetched"), ``pair`` (the
+    interleaved pair's number), ``status`` (restart.yml's), ``start_to_ready_s``, ``weights_load_s``,
+    ``weights_bytes``, ``resident_before_pct`` (the stand-in's own, /get_server_info), ``prefetch_s``,
+    ``prefetch_gib``, ``resident_pct`` (the summary row's). ``mode`` "first_read": a cold run before the pairs,
+    only in the read speed's note. ``commands``: {"cold": text, "prefetched": text, optional "ratio": text}.
+
+    A run counts when restart.yml succeeded and the stand-in became ready; a cold run only when its files were at
+    most PREFETCH_COLD_MAX_PCT % resident as the stand-in began (else "cold" would be a warm start). The ratio's
+    value is median ÷ median of the runs that count; its samples are the ratios of the pairs where both count.
+    """
+    good = {"cold": [], "prefetched": []}
+    left_out = []
+    first = [r for r in runs if r["mode"] == "first_read"]
+    for run in runs:
+        if run["mode"] == "first_read":
+            continue
+        why = _prefetch_run_problem(run)
+        if why:
+            left_out.append("pair %s %s: %s" % (run.get("pair"), run["mode"], why))
+        else:
+            good[run["mode"]].append(run)
+    excluded = "; left out: %s" % "; ".join(left_out) if left_out else ""
+    cold, pref = good["cold"], good["prefetched"]
+    cold_s = [r["start_to_ready_s"] for r in cold]
+    pref_s = [r["start_to_ready_s"] for r in pref]
+
+    def median_of(rows, key):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    def null(mode):
+        return "no %s run counted (%d run(s)%s)" % (mode, sum(1 for r in runs if r["mode"] == mode), excluded)
+
+    keys = {}
+    file_mib = median_of(cold + pref, "weights_bytes")
+    size = "%.0f MiB of weight files" % (file_mib / float(1 << 20)) if file_mib else "weight files of unknown size"
+    keys["start_to_ready_cold_s"] = _with_note(stats(cold_s, "s", commands["cold"], null("cold")), (
+        "%s; the stand-in read them in %s s (median), at most %s %% resident as it began%s" % (
+            size, _fmt(median_of(cold, "weights_load_s")),
+            _fmt(max([r["resident_before_pct"] for r in cold] or [0])), excluded)))
+    keys["start_to_ready_prefetched_s"] = _with_note(stats(pref_s, "s", commands["prefetched"], null("prefetched")), (
+        "%s %% of them resident as the stand-in began (median), read in %s s (median)%s" % (
+            _fmt(median_of(pref, "resident_before_pct")), _fmt(median_of(pref, "weights_load_s")), excluded)))
+    by_pair = {}
+    for run in cold + pref:
+        by_pair.setdefault(run["pair"], {})[run["mode"]] = run["start_to_ready_s"]
+    ratios = [p["prefetched"] / p["cold"] for _, p in sorted(by_pair.items()) if len(p) == 2 and p["cold"]]
+    ratio = stats(ratios, "×", commands.get("ratio") or "%s vs %s" % (commands["prefetched"], commands["cold"]),
+                  "no pair where both runs counted%s" % excluded)
+    if ratio["value"] is not None and cold_s and pref_s:
+        ratio["value"] = round(statistics.median(pref_s) / statistics.median(cold_s), 3)
+        ratio["note"] = ("value: median %.3f s ÷ median %.3f s; samples and median: the %d pairs' own ratios%s" % (
+            statistics.median(pref_s), statistics.median(cold_s), len(ratios), excluded))
+    keys["prefetch_start_ratio"] = ratio
+    keys["prefetch_s"] = _with_note(
+        stats([r.get("prefetch_s") for r in pref], "s", commands["prefetched"],
+              "no prefetched run counted with a prefetch_s in its summary row%s" % excluded),
+        "GiB read per run %s, resident at the stop %s %%" % (
+            [r.get("prefetch_gib") for r in pref], [r.get("resident_pct") for r in pref]))
+    def speed(run):
+        if run.get("weights_bytes") and run.get("weights_load_s"):
+            return run["weights_bytes"] / float(1 << 20) / run["weights_load_s"]
+        return None
+    first_speed = [speed(r) for r in first if speed(r) is not None and not _prefetch_run_problem(r)]
+    keys["weights_cold_read_mib_s"] = _with_note(
+        stats([speed(r) for r in cold], "MiB/s", commands["cold"],
+              "no cold run counted with weights_load_s%s" % excluded, digits=0),
+        "%s; cold in this kernel's page cache, while a virtual disk's host may cache it: the first read after "
+        "the files were written (a cold run before the pairs, not counted) read %s MiB/s" % (
+            size, _fmt(first_speed[0]) if first_speed else "—"))
+    return keys
 
 
 def replace_section(text, body, begin=BEGIN_MARK, end=END_MARK):
@@ -587,6 +729,93 @@ class Bench:
         self.keys["batch_overhead_s_median"] = stats(
             [r["play3_wall_s"] - h["start_to_ready_s"] for r, h in ok if r["play3_wall_s"] is not None], "s", cmd,
             why)
+
+    def _lab_py(self, *argv):
+        proc = subprocess.run([sys.executable, LAB_PY] + list(argv) + ["--lab-dir", self.opts.lab_dir],
+                              capture_output=True, text=True, timeout=600)
+        if proc.returncode != 0:
+            raise RuntimeError("lab.py %s: rc %d: %s" % (" ".join(argv), proc.returncode, proc.stderr.strip()[-500:]))
+        return proc.stdout
+
+    def server_info(self, host):
+        hv = self.lab.host_vars(host)
+        url = "http://%s:%s/get_server_info" % (hv.get("sglang_host", hv.get("ansible_host")),
+                                                 hv.get("sglang_port", 30000))
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.loads(r.read().decode())
+
+    def _prefetch_run(self, host, mode, pair):
+        """Stop, evict, restart with the prefetch off (cold) or on; one run's record for prefetch_keys."""
+        stop = self.lab.run_playbook("playbooks/restart.yml", extravars={"target": host}, tags="stop,wait")
+        if stop.status != "successful":
+            raise RuntimeError("restart.yml --tags stop,wait %s on %s" % (stop.status, host))
+        # the stopped server's mappings are gone, so DONTNEED can drop every page
+        self._lab_py("evict", "--host", host)
+        model = os.path.basename(self.lab.host_vars(host)["sglang_launch_args"]["model-path"])
+        left = json.loads(self._lab_py("resident", "--host", host))[host][model]
+        extravars = {"target": host}
+        if mode == "cold":
+            extravars["sglang_prefetch_enabled"] = False
+        t0 = time.time()
+        runner = self.lab.run_playbook("playbooks/restart.yml", extravars=extravars)
+        row = {}
+        for ev in runner.events:
+            if ev.get("event") == "playbook_on_stats":
+                rows = (ev.get("event_data", {}).get("artifact_data") or {}).get("gpufleet_restart") or {}
+                row = rows.get(host) or {}
+        starts = parse_standin_log(self.standin_log(host), after=t0)
+        try:
+            info = self.server_info(host) if runner.status == "successful" else {}
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            progress("no /get_server_info from %s: %s" % (host, exc))
+            info = {}
+        run = {"mode": mode, "pair": pair, "status": runner.status,
+               "start_to_ready_s": starts[-1]["start_to_ready_s"] if starts else None,
+               "weights_load_s": info.get("weights_load_s"), "weights_bytes": info.get("weights_bytes"),
+               "resident_before_pct": info.get("weights_resident_before_pct"),
+               "evicted_left_bytes": left["resident_bytes"], "prefetch_s": row.get("prefetch_s"),
+               "prefetch_gib": row.get("prefetch_gib"), "resident_pct": row.get("resident_pct")}
+        progress("prefetch pair %d %s: %s, start-to-ready %s s, weights read in %s s (%s %% resident as it began; "
+                 "%d bytes left after evict), prefetch %s s / %s GiB" % (
+                     pair, mode, runner.status, _fmt(run["start_to_ready_s"]), _fmt(run["weights_load_s"]),
+                     run["resident_before_pct"], left["resident_bytes"], run["prefetch_s"], run["prefetch_gib"]))
+        if runner.status != "successful":
+            progress("restart.yml %s; end of its output:\n%s" % (
+                runner.status, "\n".join(runner.stdout.read().splitlines()[-25:])))
+        return run
+
+    def g_prefetch(self):
+        """Cold vs prefetched start of the stand-in on one host with a real checkpoint; see the module docstring."""
+        host = self.lab.hosts[0]
+        self.serving([host])
+        self.lab.fault(host, slow_load_s=0)
+        base = "ansible-playbook -i <lab> playbooks/restart.yml -e target=%s" % host
+        prep = ("lab.py weights --host %s --size-mib %d --shards %d; lab.py fault %s slow_load_s=0; per run: %s "
+                "--tags stop,wait; lab.py evict --host %s; " % (host, PREFETCH_SIZE_MIB, PREFETCH_SHARDS, host, base,
+                                                                host))
+        commands = {"cold": prep + base + " -e sglang_prefetch_enabled=false", "prefetched": prep + base,
+                    "ratio": prep + base + " (prefetch on) vs the same with -e sglang_prefetch_enabled=false, "
+                                           "pairs in ABBA order"}
+        runs = []
+        try:
+            self._lab_py("weights", "--host", host, "--size-mib", str(PREFETCH_SIZE_MIB), "--shards",
+                         str(PREFETCH_SHARDS))
+            # Not counted: the first read after writing is slower than every later one (a virtual disk's host
+            # caches what was read; docs/lab.md), and would land on the first pair's cold run alone.
+            first = self._prefetch_run(host, "cold", 0)
+            runs.append(dict(first, mode="first_read"))
+            for i in range(self.opts.runs):
+                # ABBA: each mode goes first in half the pairs
+                for mode in (("cold", "prefetched") if i % 2 == 0 else ("prefetched", "cold")):
+                    runs.append(self._prefetch_run(host, mode, i + 1))
+        finally:
+            # the server maps the shards: stop it before they go, then bring it back on the config-only dir
+            self.lab.clear_faults(host)
+            self.lab.run_playbook("playbooks/restart.yml", extravars={"target": host}, tags="stop,wait")
+            self._lab_py("weights", "--host", host, "--size-mib", "0")
+            self.serving([host])
+        self.keys.update(prefetch_keys(runs, commands))
+        self.prefetch_runs = runs
 
     def _ansible_info(self, hosts, module="gpufleet.fleet.nvidia_gpu_info", args=None, ok_text="SUCCESS"):
         pattern = ",".join(hosts) if len(hosts) < len(self.lab.hosts) else "gpu_hosts"
@@ -943,12 +1172,9 @@ class Bench:
             _fmt(self.keys["module_exit_ms"].get("value")), _fmt(self.keys["module_exit_ms_no_freeze"].get("value"))))
 
     def run(self, groups):
-        need_hosts = 64 if {"check", "scaling_info", "checkplay", "checkplay_ratio", "restart64",
-                            "mitogen"} & set(groups) else 8
         if "single" not in groups and NEEDS_SINGLE & set(groups):
             groups = ["single"] + groups
-        if set(groups) <= NO_LAB:
-            need_hosts = 0
+        need_hosts = lab_hosts(groups)
         if need_hosts:
             self.lab_up(self.opts.hosts or need_hosts)
         try:

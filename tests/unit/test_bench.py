@@ -163,6 +163,68 @@ def test_only_selects_groups_by_key_or_name():
         bench.select_groups("nope")
 
 
+def test_lab_size_is_the_most_any_selected_group_needs():
+    assert bench.lab_hosts(["module_exit"]) == 0
+    assert bench.lab_hosts(["prefetch"]) == 1  # one host at a time: the page cache is shared
+    assert bench.lab_hosts(["module_exit", "prefetch"]) == 1
+    assert bench.lab_hosts(["prefetch", "single"]) == 8
+    assert bench.lab_hosts(["prefetch", "check"]) == 64
+    assert bench.lab_hosts(bench.ORDER) == 64
+    assert bench.select_groups("prefetch_start_ratio") == ["prefetch"]
+
+
+def _prefetch_run(mode, pair, ready, load_s=1.5, before=0.0, status="successful", **row):
+    return dict({"mode": mode, "pair": pair, "status": status, "start_to_ready_s": ready, "weights_load_s": load_s,
+                 "weights_bytes": 3 << 30, "resident_before_pct": before, "prefetch_s": None, "prefetch_gib": None,
+                 "resident_pct": None}, **row)
+
+
+def _prefetched(pair, ready, prefetch_s=1.6, status="successful"):
+    return _prefetch_run("prefetched", pair, ready, load_s=0.02, before=100.0, status=status, prefetch_s=prefetch_s,
+                         prefetch_gib=3.0, resident_pct=100.0)
+
+
+def test_prefetch_ratio_is_median_over_median_with_the_pairs_own_ratios_as_samples():
+    runs = [_prefetch_run("first_read", 0, 6.0, load_s=6.0),  # before the pairs: only in the read speed's note
+            _prefetch_run("cold", 1, 2.0), _prefetched(1, 0.8),
+            _prefetched(2, 1.0), _prefetch_run("cold", 2, 2.5),
+            _prefetch_run("cold", 3, 4.0), _prefetched(3, 0.9, prefetch_s=1.4)]
+    keys = bench.prefetch_keys(runs, {"cold": "cold cmd", "prefetched": "pref cmd"})
+    assert set(keys) == set(bench.GROUPS["prefetch"])
+    assert keys["start_to_ready_cold_s"]["value"] == 2.5 and keys["start_to_ready_cold_s"]["command"] == "cold cmd"
+    assert keys["start_to_ready_prefetched_s"]["value"] == 0.9
+    ratio = keys["prefetch_start_ratio"]
+    assert ratio["value"] == round(0.9 / 2.5, 3)  # median ÷ median, not the median of the ratios
+    assert ratio["samples"] == [0.4, 0.4, 0.225] and ratio["median"] == 0.4
+    assert keys["prefetch_s"]["samples"] == [1.6, 1.6, 1.4]
+    assert keys["weights_cold_read_mib_s"]["samples"] == [2048.0, 2048.0, 2048.0]  # 3072 MiB ÷ 1.5 s
+    assert "the first read after the files were written (a cold run before the pairs, not counted) read 512 MiB/s" \
+        in keys["weights_cold_read_mib_s"]["note"]
+    assert "3072 MiB of weight files" in keys["start_to_ready_cold_s"]["note"]
+    assert "100 % of them resident" in keys["start_to_ready_prefetched_s"]["note"]
+
+
+def test_a_cold_run_that_was_not_cold_or_failed_gives_no_sample_and_the_note_says_why():
+    runs = [_prefetch_run("cold", 1, 0.9, before=40.0), _prefetched(1, 0.8),
+            _prefetch_run("cold", 2, 2.0), _prefetched(2, None, status="failed")]
+    keys = bench.prefetch_keys(runs, {"cold": "c", "prefetched": "p"})
+    assert keys["start_to_ready_cold_s"]["samples"] == [2.0]
+    assert keys["start_to_ready_prefetched_s"]["samples"] == [0.8]
+    ratio = keys["prefetch_start_ratio"]
+    # no pair has both runs counted: no per-pair sample, so no value even though each mode has a median
+    assert ratio["value"] is None
+    assert "pair 1 cold: not cold: 40.0 % resident" in ratio["reason"]
+    assert "pair 2 prefetched: restart.yml failed" in ratio["reason"]
+    assert "pair 1 cold: not cold" in keys["start_to_ready_cold_s"]["note"]
+
+
+def test_prefetch_keys_are_null_with_a_reason_when_nothing_counted():
+    keys = bench.prefetch_keys([_prefetch_run("cold", 1, None, status="failed")], {"cold": "c", "prefetched": "p"})
+    assert all(e["value"] is None for e in keys.values())
+    assert keys["start_to_ready_prefetched_s"]["reason"].startswith("no prefetched run counted (0 run(s)")
+    assert "restart.yml failed" in keys["start_to_ready_cold_s"]["reason"]
+
+
 def test_bench_cli_rejects_bad_arguments():
     for args, text in ((["--only", "nope"], "unknown key or group"), (["--runs", "0"], "--runs must be")):
         p = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "bench", "bench.py")] + args,
