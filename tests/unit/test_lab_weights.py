@@ -204,7 +204,8 @@ def test_standin_load_weights_reads_every_shard_and_keeps_it_mapped(tmp_path):
     got = sglang_standin.load_weights([target, draft])
     try:
         files = weights.weight_files(target) + weights.weight_files(draft)
-        assert got["files"] == files and got["reader"] == "mmap"
+        assert got["files"] == files
+        assert got["reader"] == ("safetensors+mmap" if sglang_standin._safetensors_open() else "mmap")
         assert got["bytes"] == sum(os.path.getsize(f) for f in files)
         assert got["seconds"] > 0
         for f in files:  # every page of every shard is in this process's page tables
@@ -225,6 +226,127 @@ def test_standin_load_weights_refuses_a_broken_shard(tmp_path):
         fh.truncate(4096)
     with pytest.raises(weights.WeightsError, match="tensors end at byte"):
         sglang_standin.load_weights([d])
+
+
+def test_checkpoint_written_by_several_processes_is_the_one_a_single_process_writes(tmp_path):
+    one, many = _model_dir(tmp_path, "one"), _model_dir(tmp_path, "many")
+    weights.write_checkpoint(one, 3, shards=3)
+    got = weights.write_checkpoint(many, 3, shards=3, jobs=3)
+    assert got["changed"] and [os.path.basename(f) for f in got["files"]] == [
+        os.path.basename(f) for f in weights.weight_files(one)]
+    for a, b in zip(weights.weight_files(one), weights.weight_files(many)):
+        assert weights.read_header(a)[0] == weights.read_header(b)[0]  # same tensors, shapes, offsets
+        assert os.path.getsize(a) == os.path.getsize(b)
+    with open(weights.weight_files(many)[0], "rb") as x, open(weights.weight_files(many)[1], "rb") as y:
+        assert x.read()[-4096:] != y.read()[-4096:]  # each process drew its own random bytes
+    for name in (weights.INDEX_NAME, weights.MARKER_NAME):
+        with open(os.path.join(one, name)) as x, open(os.path.join(many, name)) as y:
+            assert json.load(x) == json.load(y)
+    assert not weights.write_checkpoint(many, 3, shards=3, jobs=2)["changed"]  # the marker holds: kept
+
+
+# -- the stand-in's weights on a device (GPUFLEET_STANDIN_WEIGHTS_DEVICE) ------------------------------------------
+def test_weights_device_knob_is_off_unless_set_and_names_a_device():
+    env = sglang_standin.WEIGHTS_DEVICE_ENV
+    assert sglang_standin.weights_device({}) is None
+    assert sglang_standin.weights_device({env: " "}) is None
+    for value in ("cpu", "cuda", "cuda:0", "cuda:7"):
+        assert sglang_standin.weights_device({env: value}) == value
+    assert sglang_standin.weights_device({env: " cuda:1\n"}) == "cuda:1"
+    for value in ("gpu", "cuda:", "cuda:x", "cuda0", "cpu:0", "mps"):
+        with pytest.raises(sglang_standin.WeightsDeviceError) as err:
+            sglang_standin.weights_device({env: value})
+        assert env in str(err.value) and "cpu, cuda or cuda:N" in str(err.value)
+
+
+def _server(model_dir):
+    import argparse
+    args = argparse.Namespace(model_path=model_dir, speculative_draft_model_path=None, host="127.0.0.1",
+                              port=30000, tp_size=1)
+    return sglang_standin.Server(args, [], None, "0.5.23")
+
+
+def test_without_the_device_knob_the_server_keeps_its_shards_mapped(tmp_path, monkeypatch):
+    monkeypatch.delenv(sglang_standin.WEIGHTS_DEVICE_ENV, raising=False)
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 2, shards=2)
+    server = _server(d)
+    server.load_weights()
+    try:
+        files = weights.weight_files(d)
+        assert len(server.weights["maps"]) == 2 and "device" not in server.weights
+        assert sglang_standin.shard_mappings(files) == 2
+        info = server.server_info()
+        assert info["weights_bytes"] == sum(os.path.getsize(f) for f in files)
+        assert not [k for k in info if k.startswith("weights_device") or k == "weights_file_maps"]
+    finally:
+        for m in server.weights["maps"]:
+            m.close()
+    assert sglang_standin.shard_mappings(files) == 0
+
+
+def test_a_bad_device_knob_fails_the_start_saying_what_to_give(tmp_path, monkeypatch, capsys):
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 1, shards=1)
+    monkeypatch.setenv(sglang_standin.WEIGHTS_DEVICE_ENV, "gpu0")
+    server = _server(d)
+
+    def exit_(rc):
+        raise SystemExit(rc)
+    monkeypatch.setattr(server, "kill_tree_and_exit", exit_)
+    with pytest.raises(SystemExit) as ended:
+        server.load_weights()
+    assert ended.value.code == 1
+    assert "GPUFLEET_STANDIN_WEIGHTS_DEVICE=gpu0 is not a device" in capsys.readouterr().err
+
+
+def test_the_device_knob_without_torch_fails_the_load_naming_what_is_missing(tmp_path, monkeypatch):
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 1, shards=1)
+    monkeypatch.setattr(sglang_standin, "_safetensors_open", lambda: None)
+    with pytest.raises(sglang_standin.WeightsDeviceError, match="needs safetensors and torch"):
+        sglang_standin.load_weights([d], device="cpu")
+
+
+def test_shard_mappings_counts_this_process_maps_of_the_files(tmp_path):
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 2, shards=2)
+    files = weights.weight_files(d)
+    assert sglang_standin.shard_mappings(files) == 0
+    with open(files[1], "rb") as fh:
+        m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        assert sglang_standin.shard_mappings(files) == 1
+        assert sglang_standin.shard_mappings(files[:1]) == 0
+    finally:
+        m.close()
+
+
+def test_weights_on_the_cpu_are_copies_and_the_files_can_leave_the_page_cache(tmp_path):
+    """The real path (safetensors + torch), on the CPU: every tensor's bytes are the file's, the server maps no
+    shard afterwards, and DONTNEED then empties the files while the tensors live (prefetch_h200.sh's premise)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    d = _model_dir(tmp_path)
+    weights.write_checkpoint(d, 4, shards=2)
+    got = sglang_standin.load_weights([d], device="cpu")
+    files = weights.weight_files(d)
+    assert got["reader"] == "safetensors->cpu" and got["device"] == "cpu" and got["maps"] == []
+    assert got["file_maps"] == 0 and sglang_standin.shard_mappings(files) == 0
+    assert got["bytes"] == sum(os.path.getsize(f) for f in files) and got["seconds"] > 0
+    expect = []
+    for path in files:
+        header, _, start = weights.read_header(path)
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        expect += [raw[start + e["data_offsets"][0]:start + e["data_offsets"][1]] for e in header.values()]
+    assert all(t.device.type == "cpu" for t in got["tensors"])
+    # random bytes: each tensor's are unique, so comparing the sorted lists matches every tensor to its own
+    assert sorted(t.contiguous().view(torch.uint8).numpy().tobytes() for t in got["tensors"]) == sorted(expect)
+    _page_cache_testable(d)
+    weights.evict([d])
+    assert sum(weights.resident_bytes(f) for f in files) <= 0.01 * got["bytes"]
+    assert got["tensors"][0].sum() is not None  # still there, and readable
 
 
 # -- lab.py weights / evict / resident against a lab state file (no namespaces needed) ------------------

@@ -12,6 +12,10 @@ description:
     for C(nvidia_gpu_wait), C(elapsed_ms), C(polls) and C(started_at) (target clock) from its result.
   - ansible-core has no per-task timer (profile_tasks lives in ansible.posix); tests/gpu/real_restart.py
     turns these lines into per-phase times.
+  - At the end of the run, appends one JSON object C({"run", "custom_stats"}) to the file named by
+    C(GPUFLEET_RUN_STATS_FILE) (nothing when it is unset) - what the playbook published with C(set_stats), as AWX
+    receives it (C(gpufleet_restart) holds the summary rows) - so a script reads the rows while the human-readable
+    output still goes to the terminal (tests/gpu/prefetch_h200.sh).
 """
 
 import json
@@ -30,6 +34,7 @@ class CallbackModule(CallbackBase):
     def __init__(self):
         super().__init__()
         self._path = os.environ.get("GPUFLEET_TASK_TIMES_FILE")
+        self._stats_path = os.environ.get("GPUFLEET_RUN_STATS_FILE")
         self._run = os.environ.get("GPUFLEET_TASK_TIMES_RUN", "")
         self._play = None
         self._task_start = {}
@@ -76,3 +81,9 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_unreachable(self, result):
         self._write(result, "unreachable")
+
+    def v2_playbook_on_stats(self, stats):
+        if not self._stats_path:
+            return
+        with open(self._stats_path, "a") as fh:
+            fh.write(json.dumps({"run": self._run, "custom_stats": stats.custom}, default=str) + "\n")

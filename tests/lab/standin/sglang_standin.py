@@ -56,6 +56,18 @@ CUDA device ``rank % 8`` and holds it until it dies, instead of registering with
 lab), nothing changes. The decode speed follows the same table there; without a lab host dir its start counter
 lives in ``$GPUFLEET_STANDIN_PERF_DIR`` (default ``<tmp>/gpufleet-standin-perf-<uid>``) and the knobs are the
 defaults.
+
+Weights on a device (opt-in, for tests/gpu/prefetch_h200.sh): with ``GPUFLEET_STANDIN_WEIGHTS_DEVICE`` = ``cpu``,
+``cuda`` or ``cuda:N`` in the server's environment, step 5 reads every tensor of every shard with ``safe_open(...,
+framework="pt", device="cpu")`` / ``get_tensor`` and copies it onto that device, as SGLang 0.5.23 does
+(``safetensors_weights_iterator``, then the model's ``weight_loader``), and keeps the copies, which hold the
+device's memory as a loader's parameters do; the shards are not kept mapped. Like SGLang, which copies the weights
+into its parameters and closes its files, the serving process then pins no page of the shards, so
+``posix_fadvise(DONTNEED)`` can evict them while it serves. The CUDA context is made before the clock starts.
+``/get_server_info`` adds ``weights_device``, ``weights_device_init_s`` and ``weights_file_maps`` (this process's
+mappings of the shards after the load: 0), ``weights_reader`` reads ``safetensors->DEVICE``. It needs safetensors
+and torch in the server's interpreter; without them, or with another value, the start fails (exit 1) saying so.
+Unset, nothing changes (the lab's tests rely on the mapped shards).
 """
 import json
 import mmap
@@ -81,6 +93,7 @@ WARMUP_S = 0.3
 DRAIN_POLL_S = 0.2
 SHM_NEEDED_MIB = 64  # below this much free /dev/shm the stand-in dies like SGLang on a full /dev/shm
 CUDA_MIB_ENV = "GPUFLEET_STANDIN_CUDA_MIB"  # real-GPU mode: MiB of real GPU memory each TP worker holds
+WEIGHTS_DEVICE_ENV = "GPUFLEET_STANDIN_WEIGHTS_DEVICE"  # opt-in: weights loaded onto this torch device, no shard kept mapped
 
 
 def log(msg):
@@ -320,8 +333,72 @@ def _safetensors_open():
     return safe_open
 
 
-def load_weights(model_dirs):
-    """Read every ``*.safetensors`` of ``model_dirs`` as a loader whose tensors stay backed by the file.
+_DEVICE_RE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+class WeightsDeviceError(weights.WeightsError):
+    """GPUFLEET_STANDIN_WEIGHTS_DEVICE cannot be honoured: not a device, or safetensors or torch missing."""
+
+
+def weights_device(environ=None):
+    """The device of ``GPUFLEET_STANDIN_WEIGHTS_DEVICE`` (``cpu``, ``cuda``, ``cuda:N``), or None when it is unset or
+    empty (the default: shards mapped for the server's life). Raises WeightsDeviceError for any other value."""
+    value = ((os.environ if environ is None else environ).get(WEIGHTS_DEVICE_ENV) or "").strip()
+    if not value:
+        return None
+    if not _DEVICE_RE.fullmatch(value):
+        raise WeightsDeviceError("%s=%s is not a device: give cpu, cuda or cuda:N (unset: the shards stay mapped)"
+                                 % (WEIGHTS_DEVICE_ENV, value))
+    return value
+
+
+def shard_mappings(files, maps_path="/proc/self/maps"):
+    """How many of this process's memory mappings are of ``files`` (/proc/self/maps; a path with a space in it is
+    matched whole at the end of the line)."""
+    wanted = set(os.path.realpath(f) for f in files)
+    count = 0
+    with open(maps_path) as fh:
+        for line in fh:
+            fields = line.rstrip("\n").split(None, 5)
+            if len(fields) == 6 and fields[5] in wanted:
+                count += 1
+    return count
+
+
+def _load_onto_device(files, device, safe_open):
+    """Every tensor of ``files`` on ``device`` (torch), kept; see the module docstring. Returns
+    ``(tensors, seconds, init_s)``: ``init_s`` is the CUDA context's creation, before the clock starts."""
+    import gc
+    import torch
+    dev = torch.device(device)
+    t_init = time.monotonic()
+    if dev.type == "cuda":
+        # SGLang's worker has its CUDA context before it loads (init_torch_distributed): not part of the read
+        torch.empty(0, device=dev)
+        torch.cuda.synchronize(dev)
+    init_s = time.monotonic() - t_init
+    t0 = time.monotonic()
+    tensors = []
+    for path in files:
+        weights.read_header(path)
+        # As SGLang 0.5.23 does (model_loader/weight_utils.py safetensors_weights_iterator: safe_open on "cpu", then
+        # each model's weight_loader copies the tensor into its parameter on the GPU). On the CPU get_tensor maps
+        # the file copy-on-write and pages in lazily: the copy reads every byte, into memory the file does not back.
+        with safe_open(path, framework="pt", device="cpu") as st:
+            for name in st.keys():
+                tensor = st.get_tensor(name)
+                tensors.append(tensor.to(dev, copy=True))
+                del tensor
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    seconds = time.monotonic() - t0
+    gc.collect()  # the file-backed temporaries go now, not at some later collection
+    return tensors, seconds, init_s
+
+
+def load_weights(model_dirs, device=None):
+    """Read every ``*.safetensors`` of ``model_dirs`` as a loader whose tensors stay backed by the file; with
+    ``device`` (weights_device), onto that device, keeping the tensors and no mapping of the shards.
 
     Per shard: the header checked (weights.read_header; a bad file raises weights.WeightsError), ``safe_open`` +
     ``get_tensor`` of each tensor where safetensors and torch import (SGLang 0.5.23 model_loader/weight_utils.py
@@ -330,7 +407,9 @@ def load_weights(model_dirs):
     returned: the caller keeps them for its life (its smaps then shows the shards resident).
 
     Returns None when no dir holds a shard, else ``{"maps", "files", "bytes", "seconds", "reader",
-    "resident_before_pct"}`` (``resident_before_pct`` None where fincore cannot tell).
+    "resident_before_pct"}`` (``resident_before_pct`` None where fincore cannot tell); with ``device`` also
+    ``tensors``, ``device``, ``device_init_s`` and ``file_maps`` (shard_mappings after the load), ``maps`` empty.
+    Raises WeightsDeviceError when ``device`` is given and safetensors or torch does not import.
     """
     files = []
     for d in model_dirs:
@@ -344,6 +423,14 @@ def load_weights(model_dirs):
     except (weights.WeightsError, OSError):
         before = None
     safe_open = _safetensors_open()
+    if device:
+        if safe_open is None:
+            raise WeightsDeviceError("%s=%s needs safetensors and torch in the server's interpreter (%s); install "
+                                     "them there or unset it" % (WEIGHTS_DEVICE_ENV, device, sys.executable))
+        tensors, seconds, init_s = _load_onto_device(files, device, safe_open)
+        return {"maps": [], "tensors": tensors, "files": files, "bytes": sum(os.path.getsize(f) for f in files),
+                "seconds": seconds, "reader": "safetensors->%s" % device, "resident_before_pct": before,
+                "device": device, "device_init_s": init_s, "file_maps": shard_mappings(files)}
     t0 = time.monotonic()
     maps, size = [], 0
     for path in files:
@@ -593,6 +680,10 @@ class Server:
             info.update({"weights_load_s": round(self.weights["seconds"], 3), "weights_bytes": self.weights["bytes"],
                          "weights_files": len(self.weights["files"]), "weights_reader": self.weights["reader"],
                          "weights_resident_before_pct": self.weights["resident_before_pct"]})
+            if self.weights.get("device"):
+                info.update({"weights_device": self.weights["device"],
+                             "weights_device_init_s": round(self.weights["device_init_s"], 3),
+                             "weights_file_maps": self.weights["file_maps"]})
         return info
 
     def model_info(self):
@@ -822,7 +913,10 @@ class Server:
     def load_weights(self):
         dirs = [self.args.model_path, getattr(self.args, "speculative_draft_model_path", None)]
         try:
-            self.weights = load_weights([d for d in dirs if d and os.path.isdir(d)])
+            self.weights = load_weights([d for d in dirs if d and os.path.isdir(d)], device=weights_device())
+        except WeightsDeviceError as exc:
+            log("RuntimeError: lab stand-in: %s" % exc)
+            self.kill_tree_and_exit(1)
         except (weights.WeightsError, OSError) as exc:
             log("safetensors_rust.SafetensorError: Error while deserializing header: %s" % exc)
             self.kill_tree_and_exit(1)
@@ -831,6 +925,10 @@ class Server:
             log("loaded %.2f GiB of weights from %d files in %.2f s (resident before: %s %%)" % (
                 self.weights["bytes"] / float(1 << 30), len(self.weights["files"]), self.weights["seconds"],
                 "unknown" if before is None else "%.1f" % before))
+            if self.weights.get("device"):
+                log("weights on %s (%s; context %.2f s before the read), %d mapping(s) of the shards left" % (
+                    self.weights["device"], self.weights["reader"], self.weights["device_init_s"],
+                    self.weights["file_maps"]))
 
     def on_sigterm(self, *_):
         self.shutting_down = True
