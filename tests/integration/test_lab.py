@@ -3,6 +3,7 @@ simulated GPUs, the stand-in server's life cycle, fault knobs, and a clean ``lab
 
 Run: ``.venv/bin/python -m pytest tests/integration/test_lab.py -m lab`` (root; ``make setup`` first).
 """
+import importlib.util
 import json
 import os
 import re
@@ -16,6 +17,9 @@ pytestmark = pytest.mark.lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB_PY = os.path.join(ROOT, "tests", "lab", "lab.py")
+_spec = importlib.util.spec_from_file_location("gpufleet_lab_weights", os.path.join(ROOT, "tests", "lab", "weights.py"))
+weights = importlib.util.module_from_spec(_spec)  # tests/lab/weights.py: the lab's checkpoints
+_spec.loader.exec_module(weights)
 NCCL = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_P2P_LEVEL": "SYS", "NCCL_MAX_NCHANNELS": "16",
         "NCCL_BUFFSIZE": "16777216", "NCCL_NTHREADS": "512"}
 
@@ -550,16 +554,8 @@ def _lab_py(lab, *argv):
 
 
 def _shard_rss_bytes(lab, host, pid, model_dir):
-    """Bytes of Rss over the process's mappings of the shards in ``model_dir`` (/proc/<pid>/smaps on the host)."""
-    smaps = lab.exec(host, ["cat", "/proc/%d/smaps" % pid], check=True).stdout
-    rss, inside = 0, False
-    for line in smaps.splitlines():
-        head = line.split()
-        if head and "-" in head[0] and len(head) >= 5:
-            inside = len(head) == 6 and head[5].startswith(model_dir + "/") and head[5].endswith(".safetensors")
-        elif inside and head[:1] == ["Rss:"]:
-            rss += int(head[1]) * 1024
-    return rss
+    """Rss over the process's mappings of the shards in ``model_dir`` (/proc/<pid>/smaps on the host)."""
+    return weights.shard_rss_bytes(lab.exec(host, ["cat", "/proc/%d/smaps" % pid], check=True).stdout, model_dir)
 
 
 @pytest.mark.lab_only_once  # the lab itself: the same under every ansible-core
@@ -569,6 +565,11 @@ def test_standin_reads_a_cold_checkpoint_at_start_and_keeps_it_mapped(lab):
     host = lab.hosts[-1]
     target = lab.host_vars(host)["sglang_launch_args"]["model-path"]
     model = os.path.basename(target)
+    # The lab is shared: a server another module left on this host would keep the port (ours would not bind) and
+    # its mappings. Stop it the way an operator would.
+    stopped = lab.run_playbook("playbooks/restart.yml", limit=host, tags="stop,wait")
+    assert stopped.status == "successful"
+    assert lab.wait_http(host, timeout_s=1) is None
     _lab_py(lab, "weights", "--host", host, "--size-mib", "256", "--shards", "2")
     pid = None
     try:

@@ -10,6 +10,7 @@ resident (its smaps Rss); ``--check`` reads nothing; a bad setting is refused be
 All lab hosts share this machine's page cache: the files here are the only weight files of the lab, so what
 fincore sees of them is this test's doing. One host, the last.
 """
+import importlib.util
 import json
 import os
 import re
@@ -20,6 +21,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAB_PY = os.path.join(ROOT, "tests", "lab", "lab.py")
+_spec = importlib.util.spec_from_file_location("gpufleet_lab_weights", os.path.join(ROOT, "tests", "lab", "weights.py"))
+weights = importlib.util.module_from_spec(_spec)  # tests/lab/weights.py: the lab's checkpoints
+_spec.loader.exec_module(weights)
 PLAYBOOK = "playbooks/restart.yml"
 MIB = 1 << 20
 
@@ -65,15 +69,7 @@ def server_info(lab, host):
 
 def shard_rss_bytes(lab, host, pid, model_dir):
     """Rss over the process's mappings of the shards in ``model_dir`` (/proc/<pid>/smaps): its resident pages."""
-    smaps = lab.exec(host, ["cat", "/proc/%d/smaps" % pid], check=True).stdout
-    rss, inside = 0, False
-    for line in smaps.splitlines():
-        head = line.split()
-        if head and "-" in head[0] and len(head) >= 5:
-            inside = len(head) == 6 and head[5].startswith(model_dir + "/") and head[5].endswith(".safetensors")
-        elif inside and head[:1] == ["Rss:"]:
-            rss += int(head[1]) * 1024
-    return rss
+    return weights.shard_rss_bytes(lab.exec(host, ["cat", "/proc/%d/smaps" % pid], check=True).stdout, model_dir)
 
 
 def restart(lab, host, extravars=None, check=False):

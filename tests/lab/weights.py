@@ -318,3 +318,17 @@ def residency(paths):
 def resident_bytes(path):
     """Bytes of ``path`` (a file, or every file under a dir) in the page cache now (fincore)."""
     return sum(res for res, _ in residency([path]).values())
+
+
+def shard_rss_bytes(smaps_text, model_dir):
+    """Bytes of Rss over the mappings of the safetensors shards in ``model_dir``, from a process's
+    ``/proc/<pid>/smaps`` text: the pages of its mapped weights that are resident (what reclaim would take)."""
+    rss, inside = 0, False
+    for line in smaps_text.splitlines():
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's header: range perms offset dev inode [path]
+            inside = len(head) == 6 and head[5].startswith(model_dir.rstrip("/") + "/") and \
+                head[5].endswith(".safetensors")
+        elif inside and head[:1] == ["Rss:"]:
+            rss += int(head[1]) * 1024
+    return rss

@@ -406,3 +406,29 @@ def test_lab_weights_says_what_is_wrong_with_the_size(tmp_path, capsys):
     with pytest.raises(SystemExit):
         labtool.main(["weights", "--lab-dir", lab_dir, "--size-mib", "1", "--shards", "200"])
     assert "1 MiB cannot fill 200 shards" in capsys.readouterr().err
+
+
+def test_shard_rss_counts_the_resident_pages_of_the_mapped_shards_only(tmp_path):
+    model, other = tmp_path / "model", tmp_path / "model-other"
+    model.mkdir()
+    other.mkdir()
+    weights.write_checkpoint(str(model), 8, shards=2)
+    weights.write_checkpoint(str(other), 4, shards=1)
+    maps = []
+    try:
+        for path in weights.weight_files(str(model)) + weights.weight_files(str(other)):
+            with open(path, "rb") as fh:
+                maps.append(mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ))
+        with open("/proc/self/smaps") as fh:
+            assert weights.shard_rss_bytes(fh.read(), str(model)) == 0  # mapped, nothing touched: cold
+        first = maps[0]
+        for offset in range(0, len(first), mmap.PAGESIZE):  # touch every page of the first shard
+            first[offset]
+        with open("/proc/self/smaps") as fh:
+            smaps = fh.read()
+        assert weights.shard_rss_bytes(smaps, str(model)) == -(-len(first) // mmap.PAGESIZE) * mmap.PAGESIZE
+        assert weights.shard_rss_bytes(smaps, str(model) + "/") == weights.shard_rss_bytes(smaps, str(model))
+        assert weights.shard_rss_bytes(smaps, str(other)) == 0  # a prefix of another dir's name is not that dir
+    finally:
+        for m in maps:
+            m.close()
