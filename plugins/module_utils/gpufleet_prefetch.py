@@ -57,7 +57,20 @@ SMALL_PATTERNS = ("*.json", "*.py", "*.model", "*.tiktoken", "*.jinja", "tokeniz
 
 
 def _matching(names, pattern):
-    return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
+    """The names matching ``pattern``, sorted; as the loader's ``glob.glob``, a leading dot is matched only by a dot
+    (hidden files such as macOS ``._model.safetensors`` are not the checkpoint)."""
+    return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern) and not n.startswith("."))
+
+
+def _index_shards(weight_map):
+    """The shard names an index's ``weight_map`` gives that the loader can load: it keeps the top-level
+    ``*.safetensors`` its glob found that the index names, so a value that is not a string, names a file in another
+    directory (``sub/x``, ``../x``, ``/abs``) or is not a ``*.safetensors`` is never read by the launch -- nor here."""
+    if not isinstance(weight_map, dict):
+        raise TypeError("weight_map is not a mapping")
+    return set(v for v in weight_map.values()
+               if isinstance(v, str) and "/" not in v and fnmatch.fnmatchcase(v, "*.safetensors")
+               and not v.startswith("."))
 
 
 def weight_names(names, load_index):
@@ -76,7 +89,7 @@ def weight_names(names, load_index):
     named = set()
     for index in indexes:
         try:
-            named.update(load_index(index)["weight_map"].values())
+            named.update(_index_shards(load_index(index)["weight_map"]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             return shards, "%s unreadable (%s): every *.safetensors taken" % (index, exc)
     return sorted(named), None

@@ -199,6 +199,34 @@ def test_the_loaders_mistral_rule_without_index_and_an_unreadable_index_said(tmp
     assert len(notes) == 1 and "model.safetensors.index.json unreadable" in notes[0]
 
 
+def test_index_values_the_loader_never_loads_are_left_out_and_do_not_fail_the_selection(tmp_path):
+    # A non-string value made sorted() raise TypeError: the module crashed and the whole prefetch was lost. A name in
+    # another directory or not a *.safetensors is never loaded (the loader keeps its top-level glob's files that the
+    # index names), so it is not read here either -- ../ would have read a file outside the model directory.
+    write(tmp_path / "outside.safetensors", 4096)
+    d = model_dir(tmp_path / "m", ["model-1.safetensors", "model-2.safetensors"],
+                  index={"a": "model-1.safetensors", "b": 5, "c": ["x"], "d": "../outside.safetensors",
+                         "e": str(tmp_path / "outside.safetensors"), "f": "sub/model-3.safetensors",
+                         "g": "model-2.safetensors", "h": "notes.txt"})
+    write(d / "sub" / "model-3.safetensors", 4096)
+    files, skipped, notes = P.select_files([str(d)])
+    assert names(files) == ["model.safetensors.index.json", "model-1.safetensors", "model-2.safetensors"]
+    assert skipped == [] and notes == []
+
+
+def test_an_index_whose_weight_map_is_not_a_mapping_is_said_and_every_shard_taken(tmp_path):
+    d = model_dir(tmp_path / "m", ["a.safetensors", "b.safetensors"])
+    write(d / "model.safetensors.index.json", text=json.dumps({"weight_map": ["a.safetensors"]}))
+    files, _, notes = P.select_files([str(d)])
+    assert names(files)[-2:] == ["a.safetensors", "b.safetensors"]
+    assert len(notes) == 1 and "unreadable" in notes[0]
+
+
+def test_hidden_files_are_not_the_checkpoint_as_for_the_loaders_glob(tmp_path):
+    d = model_dir(tmp_path / "m", ["model.safetensors", "._model.safetensors", "config.json", ".marker.json"])
+    assert names(P.select_files([str(d)])[0]) == ["config.json", "model.safetensors"]
+
+
 def test_weight_names_prefers_the_loaders_index_over_others():
     indexes = {"model.safetensors.index.json": {"weight_map": {"x": "b.safetensors"}},
                "consolidated.safetensors.index.json": {"weight_map": {"x": "consolidated.safetensors"}}}
