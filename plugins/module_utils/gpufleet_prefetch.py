@@ -16,6 +16,7 @@ from __future__ import absolute_import, division, print_function
 
 import ctypes
 import ctypes.util
+import errno
 import fnmatch
 import json
 import mmap
@@ -165,7 +166,14 @@ def select_files(paths):
         try:
             st = os.stat(path)
         except OSError as exc:
-            files.append(_file_entry(path, reason="missing: %s" % _reason(exc)))  # e.g. a shard the index names
+            # e.g. a shard the index names; "missing" only when it is (a symlink loop or EACCES is not)
+            files.append(_file_entry(path, reason="%s: %s" % (
+                "missing" if exc.errno == errno.ENOENT else "cannot stat", _reason(exc))))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            # A FIFO named like a shard would block the open (and the whole module, past any slice or timeout); a
+            # directory or device named so is not a checkpoint either.
+            files.append(_file_entry(path, reason="not a regular file"))
             continue
         if (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
@@ -375,7 +383,9 @@ def mincore_shows_cache(entry, euid=None):
 
 
 def _open(path):
-    return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    # O_NONBLOCK: a file swapped for a FIFO after select_files checked it must not block the module (for a regular
+    # file the flag changes nothing).
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
 
 
 def measure(entry):

@@ -9,6 +9,7 @@ import mmap
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -225,6 +226,36 @@ def test_an_index_whose_weight_map_is_not_a_mapping_is_said_and_every_shard_take
 def test_hidden_files_are_not_the_checkpoint_as_for_the_loaders_glob(tmp_path):
     d = model_dir(tmp_path / "m", ["model.safetensors", "._model.safetensors", "config.json", ".marker.json"])
     assert names(P.select_files([str(d)])[0]) == ["config.json", "model.safetensors"]
+
+
+def test_a_fifo_named_like_a_shard_is_skipped_not_opened(tmp_path):
+    # Opening a FIFO for reading blocks until a writer comes: the module hung before the lock, past every slice and
+    # timeout, and the restart with it.
+    d = model_dir(tmp_path / "m", ["config.json"])
+    os.mkfifo(str(d / "model.safetensors"))
+    os.mkdir(str(d / "dir.safetensors"))
+    files, _, _ = P.select_files([str(d)])
+    assert [(os.path.basename(f["path"]), f["skipped"]) for f in files][-2:] == [
+        ("dir.safetensors", "not a regular file"), ("model.safetensors", "not a regular file")]
+    # Had it regressed, the open would block: SIGALRM turns that into a failure instead of a hung test run.
+    def hung(*_):
+        raise AssertionError("the prefetch blocked on the FIFO")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        r = P.prefetch(params([d]))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert r["done"] and "2 files skipped" in r["msg"]
+
+
+def test_a_symlink_loop_is_not_called_missing(tmp_path):
+    d = model_dir(tmp_path / "m", ["config.json"])
+    os.symlink(str(d / "b.safetensors"), str(d / "a.safetensors"))
+    os.symlink(str(d / "a.safetensors"), str(d / "b.safetensors"))
+    files, _, _ = P.select_files([str(d)])
+    assert [f["skipped"] for f in files][-2:] == ["cannot stat: Too many levels of symbolic links"] * 2
 
 
 def test_weight_names_prefers_the_loaders_index_over_others():
