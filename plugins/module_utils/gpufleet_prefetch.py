@@ -410,6 +410,18 @@ WATERMARKS_FOR_S = 1.0
 # At a rate bound, a chunk holds at most this long's worth of bytes: the rate then holds chunk by chunk, and a slice
 # or timeout_s is overrun by at most this plus one chunk's read.
 PACE_S = 0.5
+# A slice lasts at least timeout_s / MAX_SLICES, so a whole prefetch takes at most about this many calls. The role
+# chains its slices by a recursive include_tasks (roles/sglang_prefetch/tasks/slice.yml), and ansible-core's play
+# iterator recurses once per level: a few hundred levels end ansible-playbook with a RecursionError (a bare
+# two-task recursive include died between 200 and 400 levels), and each level costs more than the one before.
+# The defaults (900 s / 10 s) stay below this bound; -e sglang_prefetch_timeout_s=3600 with 10 s slices did not.
+MAX_SLICES = 100
+
+
+def slice_length(slice_s, timeout_s):
+    """Seconds this call reads before it returns with ``done`` false: ``slice_s``, longer where ``timeout_s`` would
+    otherwise take more than :data:`MAX_SLICES` calls."""
+    return max(float(slice_s), float(timeout_s) / MAX_SLICES)
 
 
 def chunk_length(chunk_bytes, rate_bytes_s, page_size=PAGE_SIZE):
@@ -450,7 +462,7 @@ class _Run(object):
         self.reserve = params["reserve_mib"] * MIB
         self.started = now()
         self.deadline = started_at + params["timeout_s"]
-        self.slice_end = self.started + params["slice_s"]
+        self.slice_end = self.started + slice_length(params["slice_s"], params["timeout_s"])
         self.pacer = Pacer(params["rate_mib_s"] * MIB, now, sleep)
         self.buf = bytearray(self.chunk)
         self.bound = self._marks = None

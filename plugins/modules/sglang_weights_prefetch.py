@@ -76,6 +76,8 @@ options:
     description:
       - "Return after at most this many seconds with C(done=false) and a C(progress) line when files are left to
         read. Must be more than 0."
+      - "At least O(timeout_s) / 100: a whole prefetch takes at most about 100 calls (the role chains them by a
+        recursive include, which ansible-core cannot take a few hundred levels deep)."
     type: float
     default: 10
   started_at:

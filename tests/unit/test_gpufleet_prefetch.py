@@ -612,6 +612,18 @@ def test_slices_end_with_done_false_and_the_next_goes_on_until_timeout(tmp_path)
                                     "stopped at timeout_s (3.0 s): 5.0 MiB left cold")
 
 
+def test_a_slice_lasts_at_least_a_hundredth_of_the_timeout_so_the_calls_stay_about_a_hundred(tmp_path):
+    # The role chains slices by a recursive include_tasks; ansible-core died with a RecursionError a few hundred
+    # levels deep, which -e sglang_prefetch_timeout_s=3600 with 10 s slices (both within the guard's ranges) reached
+    # on a slow or rate-bound read.
+    assert P.slice_length(10, 900) == 10.0  # the defaults: unchanged
+    assert P.slice_length(10, 3600) == 36.0 and P.slice_length(0.001, 86400) == 864.0
+    f = cold_file(tmp_path / "m" / "model.safetensors", 8 * MIB)
+    clock = Clock()
+    r = P.prefetch(params([f.parent], rate_mib_s=1, slice_s=0.5, timeout_s=400.0), now=clock.now, sleep=clock.sleep)
+    assert r["done"] is False and r["read_bytes"] == 4 * MIB  # 4 s of reading (400 / 100), not 0.5 s
+
+
 def test_a_call_after_the_timeout_reads_nothing_but_reports(tmp_path):
     f = cold_file(tmp_path / "m" / "model.safetensors", MIB)
     clock = Clock()
