@@ -129,7 +129,7 @@ def run_wait(backend, params, fallback_reason=None, exclude_pids=None, started_a
     before = max(0.0, now() - started_at)
     baseline = params.get("baseline_mib") or {}
     outcome = wait_for_memory(backend, indices, params["max_used_mib"], params["require_no_processes"],
-                              params["poll_interval_ms"], params["timeout_s"], slice_s=params.get("slice_s"),
+                              params["poll_interval_ms"], params["timeout_s"], slice_s=slice_length(params),
                               elapsed_before_s=before, baseline_mib=baseline)
     busy = set(outcome["busy"])
     gpus = []
@@ -167,6 +167,22 @@ def run_wait(backend, params, fallback_reason=None, exclude_pids=None, started_a
                                           params["require_no_processes"], holders, baseline)
 
 
+# A slice lasts at least timeout_s / MAX_SLICES, so a whole wait takes at most about this many calls: the
+# gpu_memory_wait role chains its slices by a recursive include_tasks, and ansible-core's play iterator recurses once
+# per level. About 245 levels deep (-e gpu_memory_wait_slice_s=0.05, memory not released) ansible-playbook died with
+# "Exceeded maximum object depth ... maximum recursion depth exceeded" after the stop: no rescue and no rollback
+# ran, and the host served nothing.
+MAX_SLICES = 100
+
+
+def slice_length(params):
+    """Seconds one call waits at most (None: the whole timeout_s): ``slice_s``, longer where ``timeout_s`` would
+    otherwise take more than :data:`MAX_SLICES` calls."""
+    if params.get("slice_s") is None:
+        return None
+    return max(float(params["slice_s"]), float(params["timeout_s"]) / MAX_SLICES)
+
+
 def bad_option(params):
     """The message for the first invalid wait option in ``params``, or None."""
     if params["poll_interval_ms"] < 1:
@@ -180,7 +196,7 @@ def bad_option(params):
 def _budget(params, started_at, now=time.time):
     """Seconds this call may wait: what is left of ``timeout_s`` since ``started_at``, at most ``slice_s``."""
     left = max(0.0, params["timeout_s"] - max(0.0, now() - started_at))
-    return left if params.get("slice_s") is None else min(left, params["slice_s"])
+    return left if params.get("slice_s") is None else min(left, slice_length(params))
 
 
 def wait_or_fail(module, params):

@@ -16,6 +16,7 @@ from __future__ import absolute_import, division, print_function
 
 import ctypes
 import ctypes.util
+import errno
 import fnmatch
 import json
 import mmap
@@ -57,7 +58,20 @@ SMALL_PATTERNS = ("*.json", "*.py", "*.model", "*.tiktoken", "*.jinja", "tokeniz
 
 
 def _matching(names, pattern):
-    return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern))
+    """The names matching ``pattern``, sorted; as the loader's ``glob.glob``, a leading dot is matched only by a dot
+    (hidden files such as macOS ``._model.safetensors`` are not the checkpoint)."""
+    return sorted(n for n in names if fnmatch.fnmatchcase(n, pattern) and not n.startswith("."))
+
+
+def _index_shards(weight_map):
+    """The shard names an index's ``weight_map`` gives that the loader can load: it keeps the top-level
+    ``*.safetensors`` its glob found that the index names, so a value that is not a string, names a file in another
+    directory (``sub/x``, ``../x``, ``/abs``) or is not a ``*.safetensors`` is never read by the launch -- nor here."""
+    if not isinstance(weight_map, dict):
+        raise TypeError("weight_map is not a mapping")
+    return set(v for v in weight_map.values()
+               if isinstance(v, str) and "/" not in v and fnmatch.fnmatchcase(v, "*.safetensors")
+               and not v.startswith("."))
 
 
 def weight_names(names, load_index):
@@ -76,7 +90,7 @@ def weight_names(names, load_index):
     named = set()
     for index in indexes:
         try:
-            named.update(load_index(index)["weight_map"].values())
+            named.update(_index_shards(load_index(index)["weight_map"]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             return shards, "%s unreadable (%s): every *.safetensors taken" % (index, exc)
     return sorted(named), None
@@ -152,7 +166,14 @@ def select_files(paths):
         try:
             st = os.stat(path)
         except OSError as exc:
-            files.append(_file_entry(path, reason="missing: %s" % _reason(exc)))  # e.g. a shard the index names
+            # e.g. a shard the index names; "missing" only when it is (a symlink loop or EACCES is not)
+            files.append(_file_entry(path, reason="%s: %s" % (
+                "missing" if exc.errno == errno.ENOENT else "cannot stat", _reason(exc))))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            # A FIFO named like a shard would block the open (and the whole module, past any slice or timeout); a
+            # directory or device named so is not a checkpoint either.
+            files.append(_file_entry(path, reason="not a regular file"))
             continue
         if (st.st_dev, st.st_ino) not in seen:
             seen.add((st.st_dev, st.st_ino))
@@ -362,7 +383,9 @@ def mincore_shows_cache(entry, euid=None):
 
 
 def _open(path):
-    return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    # O_NONBLOCK: a file swapped for a FIFO after select_files checked it must not block the module (for a regular
+    # file the flag changes nothing).
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
 
 
 def measure(entry):
@@ -387,6 +410,18 @@ WATERMARKS_FOR_S = 1.0
 # At a rate bound, a chunk holds at most this long's worth of bytes: the rate then holds chunk by chunk, and a slice
 # or timeout_s is overrun by at most this plus one chunk's read.
 PACE_S = 0.5
+# A slice lasts at least timeout_s / MAX_SLICES, so a whole prefetch takes at most about this many calls. The role
+# chains its slices by a recursive include_tasks (roles/sglang_prefetch/tasks/slice.yml), and ansible-core's play
+# iterator recurses once per level: a few hundred levels end ansible-playbook with a RecursionError (a bare
+# two-task recursive include died between 200 and 400 levels), and each level costs more than the one before.
+# The defaults (900 s / 10 s) stay below this bound; -e sglang_prefetch_timeout_s=3600 with 10 s slices did not.
+MAX_SLICES = 100
+
+
+def slice_length(slice_s, timeout_s):
+    """Seconds this call reads before it returns with ``done`` false: ``slice_s``, longer where ``timeout_s`` would
+    otherwise take more than :data:`MAX_SLICES` calls."""
+    return max(float(slice_s), float(timeout_s) / MAX_SLICES)
 
 
 def chunk_length(chunk_bytes, rate_bytes_s, page_size=PAGE_SIZE):
@@ -427,7 +462,7 @@ class _Run(object):
         self.reserve = params["reserve_mib"] * MIB
         self.started = now()
         self.deadline = started_at + params["timeout_s"]
-        self.slice_end = self.started + params["slice_s"]
+        self.slice_end = self.started + slice_length(params["slice_s"], params["timeout_s"])
         self.pacer = Pacer(params["rate_mib_s"] * MIB, now, sleep)
         self.buf = bytearray(self.chunk)
         self.bound = self._marks = None

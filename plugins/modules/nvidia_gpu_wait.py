@@ -74,6 +74,8 @@ options:
         C(failed=false) while time of I(timeout_s) is left, so a role can print C(progress) between
         calls (modules cannot stream output). Unset (the default) waits the whole I(timeout_s) in one call.
       - Release detection is unchanged inside a slice (one poll every I(poll_interval_ms)).
+      - At least I(timeout_s) / 100, so a whole wait takes at most about 100 calls (the gpu_memory_wait role
+        chains them by a recursive include, which ansible-core cannot take a few hundred levels deep).
     type: float
   started_at:
     description:

@@ -76,6 +76,8 @@ options:
     description:
       - "Return after at most this many seconds with C(done=false) and a C(progress) line when files are left to
         read. Must be more than 0."
+      - "At least O(timeout_s) / 100: a whole prefetch takes at most about 100 calls (the role chains them by a
+        recursive include, which ansible-core cannot take a few hundred levels deep)."
     type: float
     default: 10
   started_at:
@@ -310,6 +312,10 @@ def main():
         # Not one file's problem (those are skipped): the host's /proc or libc could not be read.
         module.fail_json(msg="cannot prefetch on this host: %s. The memory bound needs /proc/meminfo and "
                              "/proc/zoneinfo, residency needs libc's mincore; run on Linux with /proc mounted." % exc)
+    except Exception as exc:  # pylint: disable=broad-except
+        # The role registers with failed_when: false, and ansible-core 2.19 then drops a crashed module's message
+        # and traceback: the summary's note could only say "no message". A failure that names itself instead.
+        module.fail_json(msg="the prefetch failed unexpectedly: %s: %s" % (type(exc).__name__, exc))
     module.exit_json(**result)
 
 

@@ -19,6 +19,9 @@ from collections.abc import Mapping
 # paths are not there (the role run on its own).
 PATH_FLAGS = ("model-path", "speculative-draft-model-path", "tokenizer-path")
 GIB = float(1 << 30)
+MIB = float(1 << 20)
+# Read-again below this is not said: a file that grew, the partial last page of each file.
+REREAD_NOTE_BYTES = 16 * (1 << 20)
 
 
 def paths(preflight_paths=None, launch_args=None):
@@ -53,6 +56,10 @@ def _num(value):
 
 def _gib(nbytes):
     return "%.1f GiB" % (nbytes / GIB)
+
+
+def _size(nbytes):
+    return _gib(nbytes) if nbytes >= GIB else "%.0f MiB" % (nbytes / MIB)
 
 
 def _broken(res):
@@ -120,6 +127,16 @@ def outcome(first, last=None, check_mode=False):
     elif stopped_by == "timeout":
         notes.append("prefetch stopped at sglang_prefetch_timeout_s after %s s: %s left cold"
                      % (out["prefetch_s"], _gib(cold or 0)))
+    # More read than was cold at the start: pages the prefetch had read left the page cache before it ended (it
+    # evicts nothing itself), so it read them again and the launch may find them gone too. Seen on the lab's VM,
+    # whose kdamond pages out cold memory within seconds (DAMON pageout); memory.reclaim agents do the same.
+    at_start = _num(last.get("resident_at_start_bytes"))
+    if not unknown and not check_mode and None not in (read, total, at_start):
+        again = read - (total - at_start)
+        if again > REREAD_NOTE_BYTES:
+            notes.append("prefetch read %s again: pages it had read left the page cache before it ended (proactive "
+                         "reclaim such as DAMON pageout or a memory.reclaim agent, or another process dropping them)"
+                         % _size(again))
     for entry in last.get("skipped_paths") or []:
         if isinstance(entry, Mapping):
             notes.append("prefetch skipped %s (%s)" % (entry.get("path"), entry.get("reason")))

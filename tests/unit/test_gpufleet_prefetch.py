@@ -9,6 +9,7 @@ import mmap
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -197,6 +198,64 @@ def test_the_loaders_mistral_rule_without_index_and_an_unreadable_index_said(tmp
     files, _, notes = P.select_files([str(d)])
     assert names(files)[-2:] == ["a.safetensors", "b.safetensors"]
     assert len(notes) == 1 and "model.safetensors.index.json unreadable" in notes[0]
+
+
+def test_index_values_the_loader_never_loads_are_left_out_and_do_not_fail_the_selection(tmp_path):
+    # A non-string value made sorted() raise TypeError: the module crashed and the whole prefetch was lost. A name in
+    # another directory or not a *.safetensors is never loaded (the loader keeps its top-level glob's files that the
+    # index names), so it is not read here either -- ../ would have read a file outside the model directory.
+    write(tmp_path / "outside.safetensors", 4096)
+    d = model_dir(tmp_path / "m", ["model-1.safetensors", "model-2.safetensors"],
+                  index={"a": "model-1.safetensors", "b": 5, "c": ["x"], "d": "../outside.safetensors",
+                         "e": str(tmp_path / "outside.safetensors"), "f": "sub/model-3.safetensors",
+                         "g": "model-2.safetensors", "h": "notes.txt"})
+    write(d / "sub" / "model-3.safetensors", 4096)
+    files, skipped, notes = P.select_files([str(d)])
+    assert names(files) == ["model.safetensors.index.json", "model-1.safetensors", "model-2.safetensors"]
+    assert skipped == [] and notes == []
+
+
+def test_an_index_whose_weight_map_is_not_a_mapping_is_said_and_every_shard_taken(tmp_path):
+    d = model_dir(tmp_path / "m", ["a.safetensors", "b.safetensors"])
+    write(d / "model.safetensors.index.json", text=json.dumps({"weight_map": ["a.safetensors"]}))
+    files, _, notes = P.select_files([str(d)])
+    assert names(files)[-2:] == ["a.safetensors", "b.safetensors"]
+    assert len(notes) == 1 and "unreadable" in notes[0]
+
+
+def test_hidden_files_are_not_the_checkpoint_as_for_the_loaders_glob(tmp_path):
+    d = model_dir(tmp_path / "m", ["model.safetensors", "._model.safetensors", "config.json", ".marker.json"])
+    assert names(P.select_files([str(d)])[0]) == ["config.json", "model.safetensors"]
+
+
+def test_a_fifo_named_like_a_shard_is_skipped_not_opened(tmp_path):
+    # Opening a FIFO for reading blocks until a writer comes: the module hung before the lock, past every slice and
+    # timeout, and the restart with it.
+    d = model_dir(tmp_path / "m", ["config.json"])
+    os.mkfifo(str(d / "model.safetensors"))
+    os.mkdir(str(d / "dir.safetensors"))
+    files, _, _ = P.select_files([str(d)])
+    assert [(os.path.basename(f["path"]), f["skipped"]) for f in files][-2:] == [
+        ("dir.safetensors", "not a regular file"), ("model.safetensors", "not a regular file")]
+    # Had it regressed, the open would block: SIGALRM turns that into a failure instead of a hung test run.
+    def hung(*_):
+        raise AssertionError("the prefetch blocked on the FIFO")
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        r = P.prefetch(params([d]))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert r["done"] and "2 files skipped" in r["msg"]
+
+
+def test_a_symlink_loop_is_not_called_missing(tmp_path):
+    d = model_dir(tmp_path / "m", ["config.json"])
+    os.symlink(str(d / "b.safetensors"), str(d / "a.safetensors"))
+    os.symlink(str(d / "a.safetensors"), str(d / "b.safetensors"))
+    files, _, _ = P.select_files([str(d)])
+    assert [f["skipped"] for f in files][-2:] == ["cannot stat: Too many levels of symbolic links"] * 2
 
 
 def test_weight_names_prefers_the_loaders_index_over_others():
@@ -551,6 +610,18 @@ def test_slices_end_with_done_false_and_the_next_goes_on_until_timeout(tmp_path)
     assert second["total_elapsed_s"] == 3.0 and second["elapsed_s"] == 1.0
     assert second["msg"].startswith("8.0 MiB in 1 file: 37 % resident (was 0 %), 3.0 MiB read in 3.0 s; "
                                     "stopped at timeout_s (3.0 s): 5.0 MiB left cold")
+
+
+def test_a_slice_lasts_at_least_a_hundredth_of_the_timeout_so_the_calls_stay_about_a_hundred(tmp_path):
+    # The role chains slices by a recursive include_tasks; ansible-core died with a RecursionError a few hundred
+    # levels deep, which -e sglang_prefetch_timeout_s=3600 with 10 s slices (both within the guard's ranges) reached
+    # on a slow or rate-bound read.
+    assert P.slice_length(10, 900) == 10.0  # the defaults: unchanged
+    assert P.slice_length(10, 3600) == 36.0 and P.slice_length(0.001, 86400) == 864.0
+    f = cold_file(tmp_path / "m" / "model.safetensors", 8 * MIB)
+    clock = Clock()
+    r = P.prefetch(params([f.parent], rate_mib_s=1, slice_s=0.5, timeout_s=400.0), now=clock.now, sleep=clock.sleep)
+    assert r["done"] is False and r["read_bytes"] == 4 * MIB  # 4 s of reading (400 / 100), not 0.5 s
 
 
 def test_a_call_after_the_timeout_reads_nothing_but_reports(tmp_path):

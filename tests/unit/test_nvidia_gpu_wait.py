@@ -187,10 +187,11 @@ def test_wait_on_a_hung_nvidia_smi_fails_within_its_budget(monkeypatch, smi_path
 
 def test_wait_in_slices_reports_progress_then_counts_from_the_first_start(monkeypatch, recorded_procs):
     monkeypatch.setattr(G, "pynvml", make_fake_nvml("loaded"))
-    done = run_main(monkeypatch, MODULE, {"timeout_s": 60, "slice_s": 0.2, "poll_interval_ms": 50})
+    # 20 s: a slice lasts at least timeout_s / 100 (0.2 s here)
+    done = run_main(monkeypatch, MODULE, {"timeout_s": 20, "slice_s": 0.2, "poll_interval_ms": 50})
     r = done.result
     assert not done.failed and r["ready"] is False and r["polls"] >= 4
-    assert r["progress"].startswith("GPU memory: 2 of 2 GPUs above 1024 MiB (max 31339 MiB on GPU 0), 0 s of 60 s")
+    assert r["progress"].startswith("GPU memory: 2 of 2 GPUs above 1024 MiB (max 31339 MiB on GPU 0), 0 s of 20 s")
     started = r["started_at"]
     releasing_nvml(monkeypatch, release_after_calls=4)
     done = run_main(monkeypatch, MODULE, {"timeout_s": 60, "slice_s": 5, "poll_interval_ms": 10,
@@ -228,3 +229,14 @@ def test_wait_message_names_fd_holders_when_no_compute_process_is_listed(monkeyp
     assert "monitors with it open (they hold no memory, leave them): pid 77: nv-hostengine" in msg  # ... but named
     kinds = {h["pid"]: h["kind"] for h in done.result["device_holders"]}
     assert kinds == {90: "gpu", 300: "shared_only", 77: "monitor"}
+
+
+def test_a_slice_lasts_at_least_a_hundredth_of_the_timeout():
+    # gpu_memory_wait chains slices by a recursive include_tasks: -e gpu_memory_wait_slice_s=0.05 with memory not
+    # released made ansible-playbook die ~245 levels deep ("Exceeded maximum object depth") after the stop, with no
+    # rescue and no rollback.
+    from ansible_collections.gpufleet.fleet.plugins.module_utils import gpufleet_gpu_wait as W
+    assert W.slice_length({"slice_s": 10, "timeout_s": 120}) == 10.0  # the defaults: unchanged
+    assert W.slice_length({"slice_s": 0.05, "timeout_s": 900}) == 9.0
+    assert W.slice_length({"slice_s": None, "timeout_s": 900}) is None  # one call for the whole wait
+    assert W._budget({"slice_s": 0.05, "timeout_s": 900}, started_at=100.0, now=lambda: 100.0) == 9.0

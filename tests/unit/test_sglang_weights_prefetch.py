@@ -66,3 +66,14 @@ def test_a_host_without_a_readable_meminfo_fails_saying_what_is_needed(monkeypat
     msg = done.result["msg"]
     assert done.failed and msg.startswith("cannot prefetch on this host: ") and text in msg
     assert "run on Linux with /proc mounted" in msg
+
+
+def test_an_unexpected_error_fails_with_a_message_that_names_it(monkeypatch, tmp_path):
+    # With failed_when: false (the role's), ansible-core 2.19 keeps no message or traceback of a module that
+    # crashed: the summary's note said "prefetch failed, so the launch read its weights cold: no message".
+    def boom(*_a, **_k):
+        raise TypeError("'<' not supported between instances of 'int' and 'str'")
+    monkeypatch.setattr(MODULE, "prefetch", boom)
+    done = run_main(monkeypatch, MODULE, {"paths": [str(tmp_path)]})
+    assert done.failed and done.result["msg"] == (
+        "the prefetch failed unexpectedly: TypeError: '<' not supported between instances of 'int' and 'str'")

@@ -90,3 +90,17 @@ def test_unknown_residency_gives_no_share_and_says_how_to_measure_it():
                                     "owner or writer; they were read whole): set sglang_prefetch_become=true to "
                                     "measure it")
     assert prefetch.cell(out) == "1.0G/4.3s/-"
+
+
+def test_reading_more_than_was_cold_says_pages_left_the_cache_meanwhile():
+    # The lab VM's kdamond (DAMON pageout) dropped pages the prefetch had read: the row said 0.4G read of a 0.375 GiB
+    # checkpoint and 99 % resident, with no word why.
+    MIB = 1 << 20
+    last = result(total_bytes=384 * MIB, resident_at_start_bytes=0, total_read_bytes=405 * MIB,
+                  resident_after_bytes=383 * MIB, resident_pct=99.7)
+    note = prefetch.outcome(last)["prefetch_note"]
+    assert note == ("prefetch read 21 MiB again: pages it had read left the page cache before it ended (proactive "
+                    "reclaim such as DAMON pageout or a memory.reclaim agent, or another process dropping them)")
+    # read no more than was cold (or within a chunk of it): nothing to say
+    assert prefetch.outcome(result(total_bytes=384 * MIB, resident_at_start_bytes=0,
+                                   total_read_bytes=390 * MIB))["prefetch_note"] is None
