@@ -18,6 +18,9 @@ from collections.abc import Mapping
 # separate tokenizer); the same list as sglang_preflight_path_flags' default, used only when preflight's resolved
 # paths are not there (the role run on its own).
 PATH_FLAGS = ("model-path", "speculative-draft-model-path", "tokenizer-path")
+# SGLang's --load-format values (0.5.23 arg_groups/choices.py) under which the server reads no checkpoint from the
+# model path: random weights (dummy), weights from a remote store or another running instance.
+NO_LOCAL_CHECKPOINT = ("dummy", "remote", "remote_instance")
 GIB = float(1 << 30)
 MIB = float(1 << 20)
 # Read-again below this is not said: a file that grew, the partial last page of each file.
@@ -31,7 +34,11 @@ def paths(preflight_paths=None, launch_args=None):
     resolved them from the launch arguments: abbreviations and aliases included); when it is a list it is the
     answer. Otherwise (None: preflight did not run) the values of :data:`PATH_FLAGS` in ``launch_args``
     (sglang_launch_args), by exact name. Values that are not strings (a flag set true) are left out; a hub id
-    stays (the module reports it as not a local path)."""
+    stays (the module reports it as not a local path). Nothing when ``launch_args`` sets a ``load-format`` of
+    :data:`NO_LOCAL_CHECKPOINT`: the server reads no weights from the model path then."""
+    fmt = launch_args.get("load-format") if isinstance(launch_args, Mapping) else None
+    if isinstance(fmt, str) and fmt.strip().lower().replace("-", "_") in NO_LOCAL_CHECKPOINT:
+        return []
     if isinstance(preflight_paths, (list, tuple)):
         found = [p for p in preflight_paths if isinstance(p, str)]
     else:

@@ -19,6 +19,12 @@ def test_without_preflight_the_path_flags_of_the_launch_args_are_read():
     assert prefetch.paths(None, None) == []
 
 
+def test_a_load_format_that_reads_no_local_checkpoint_prefetches_nothing():
+    for fmt in ("dummy", "remote", "remote_instance", "Remote-Instance"):
+        assert prefetch.paths(["/models/a"], {"model-path": "/models/a", "load-format": fmt}) == []
+    assert prefetch.paths(["/models/a"], {"model-path": "/models/a", "load-format": "safetensors"}) == ["/models/a"]
+
+
 def result(**kw):
     base = {"total_bytes": 10 * GIB, "resident_before_bytes": 2 * GIB, "resident_after_bytes": 10 * GIB,
             "cold_bytes": 0, "resident_pct": 100.0, "total_elapsed_s": 4.26, "stopped_by": None, "skipped_paths": [],
