@@ -120,7 +120,7 @@ def test_restart_replaces_every_server_and_nccl_values_reach_every_worker(lab):
     for host in lab.hosts:
         line = next(l for l in table.splitlines() if l.startswith(host + " "))
         cells = line.split()
-        assert cells[1] == "ok" and cells[5] == "ok" and cells[-1] == str(server_pid(lab, host)), line
+        assert cells[1] == "ok" and cells[6] == "ok" and cells[-1] == str(server_pid(lab, host)), line
         assert float(cells[2]) > 0 and int(cells[3]) >= 0, line
 
     again = lab.run_playbook(PLAYBOOK, extravars=FAST)
