@@ -255,8 +255,10 @@ def test_main_returns_no_env_value_and_hides_a_credentials_value(double, server,
     result, out = run_main({"python": sys.executable, "url": server, "api_key": KEY, "num_prompts": 3, "env": env},
                            capsys)
     assert not result.get("failed"), result
-    shown = result["invocation"]["module_args"]["env"]
-    assert sorted(shown) == sorted(env) and set(shown.values()) == {"********"}
+    # ansible-core up to 2.20 returns the module's arguments (invocation); 2.21 returns none: nothing to mask there
+    if "invocation" in result:
+        shown = result["invocation"]["module_args"]["env"]
+        assert sorted(shown) == sorted(env) and set(shown.values()) == {"********"}
     assert token not in out and double["BENCH_DOUBLE_SEEN"] not in out
     # a short value such as HF_HUB_OFFLINE=1 does not mask the figures (what no_log on env would do)
     assert result["output_tok_s"] == 101.5 and result["completed"] == 3
