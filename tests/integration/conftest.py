@@ -41,7 +41,8 @@ Needs root, sshd, iproute2 (``make setup``); otherwise the tests are skipped wit
   ``apps`` [{pid, name, used_mib}] …) read from the host's state, without SSH.
 - ``start_standin(host, extra_env=None, args=None)`` → pid (host PID namespace) of a stand-in server started
   detached with the host's inventory launch args (for tests that need a running server without the
-  launch role); ``wait_http(host, path="/health_generate", status=200, timeout_s=30)``.
+  launch role); ``wait_http(host, path="/health_generate", status=200, timeout_s=30)``; ``stop_server(host)``:
+  restart.yml --tags stop,wait on the host, then its port checked free (a server another module left there).
 
 Tests that change a host (faults, patched files, running servers) must undo it: the lab is shared by the
 whole session.
@@ -224,6 +225,14 @@ class Lab:
         script = "%s > %s 2>&1 < /dev/null & echo $!" % (" ".join(shlex.quote(a) for a in argv), shlex.quote(log))
         res = self.exec(host, ["sh", "-c", script], check=True, env=extra_env)
         return int(res.stdout.split()[-1])
+
+    def stop_server(self, host):
+        """Stop whatever server runs on ``host`` the way an operator would (restart.yml --tags stop,wait) and check
+        its port is free: the lab is shared, and a server another module left there keeps the port."""
+        runner = self.run_playbook("playbooks/restart.yml", limit=host, tags="stop,wait")
+        with open(runner.stdout.name) as fh:
+            assert runner.status == "successful", fh.read()[-3000:]
+        assert self.wait_http(host, timeout_s=1) is None
 
     def wait_http(self, host, path="/health_generate", status=200, timeout_s=30):
         port = self.host_vars(host).get("sglang_port", 30000)

@@ -567,9 +567,7 @@ def test_standin_reads_a_cold_checkpoint_at_start_and_keeps_it_mapped(lab):
     model = os.path.basename(target)
     # The lab is shared: a server another module left on this host would keep the port (ours would not bind) and
     # its mappings. Stop it the way an operator would.
-    stopped = lab.run_playbook("playbooks/restart.yml", limit=host, tags="stop,wait")
-    assert stopped.status == "successful"
-    assert lab.wait_http(host, timeout_s=1) is None
+    lab.stop_server(host)
     _lab_py(lab, "weights", "--host", host, "--size-mib", "256", "--shards", "2")
     pid = None
     try:

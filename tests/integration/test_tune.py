@@ -84,9 +84,7 @@ def test_real_bench_serving_measures_the_standin_and_refuses_without_the_key(ben
     hv = lab.host_vars(host)
     # The lab is shared: a server another module left on this host would keep the port, and the key-less request
     # would reach it (CI saw that). Stop it the way an operator would, and see the port free before starting ours.
-    stopped = lab.run_playbook("playbooks/restart.yml", limit=host, tags="stop,wait")
-    assert stopped.status == "successful", stdout_of(stopped)[-3000:]
-    assert lab.wait_http(host, timeout_s=1) is None
+    lab.stop_server(host)
     lab.fault(host, tokens_per_s=TOKENS_PER_S)
     pid = lab.start_standin(host, args=dict(hv["sglang_launch_args"], **{"api-key": KEY}))
     try:
